@@ -1,0 +1,183 @@
+"""Command-line entry point. Parses options and delegates; each command's logic lives in its module."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .errors import CometError
+
+
+class _Group(click.Group):
+    """Turns CometError into one clear line and its exit code instead of a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except CometError as e:
+            click.secho(f"cometctl: error: {e}", fg="red", err=True)
+            sys.exit(e.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cometctl")
+def main():
+    """COMET-Caffe: train CNNs with compressed activations.
+
+    \b
+    Typical use:
+      cometctl build                       # fetch pinned Caffe, patch, build, pycaffe
+      cometctl prepare-dogs --synthetic    # or --archive images.tar --lists lists.tar
+      cometctl train --solver models/bvlc_reference_caffenet/solver.prototxt
+    """
+
+
+@main.command()
+@click.option("--cuda", "variant", flag_value="cuda", help="Build the CUDA variant (CUDA 12 or 13, sm_75+).")
+@click.option("--cpu-only", "variant", flag_value="cpu", default=True,
+              help="Build the CPU-only variant (the default).")
+@click.option("--cudnn/--no-cudnn", default=False, show_default=True,
+              help="Use cuDNN in the CUDA variant (off until upstream's cuDNN code is ported to cuDNN 8+).")
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile jobs [default: all cores].")
+@click.option("--build-dir", type=click.Path(file_okay=False), default=None,
+              help="Where sources and objects go [default: ./build or $COMET_BUILD_DIR].")
+@click.option("--upstream", type=click.Path(dir_okay=False), default=None,
+              help="Use this local tarball of upstream Caffe instead of fetching it (it is verified).")
+@click.option("--install-deps/--no-install-deps", default=True, show_default=True,
+              help="Install missing Debian packages with apt-get (as root or with password-less "
+                   "sudo); otherwise print the exact apt-get line.")
+@click.option("--tests", is_flag=True, help="Also build upstream's gtest binary (test.testbin).")
+@click.option("--cuda-arch", default=None,
+              help="CUDA architectures, e.g. '90' or '75 80 90' [default: 75 80 86 89 90].")
+@click.option("--no-activate", is_flag=True,
+              help="Build only; do not point `import caffe` and the venv's caffe tools at this build.")
+def build(variant, cudnn, jobs, build_dir, upstream, install_deps, tests, cuda_arch, no_activate):
+    """Build the fork: fetch the pinned upstream Caffe, verify it, apply our patch series, lay our
+    files over it, and build libcaffe, the tools (caffe, convert_imageset, compute_image_mean) and
+    pycaffe with CMake. Re-running after a change rebuilds only what changed."""
+    import os
+
+    from .build import DEFAULT_CUDA_ARCHS, BuildOptions, build as run_build
+
+    if cudnn and variant != "cuda":
+        raise CometError("--cudnn needs --cuda")
+    if cudnn:
+        raise CometError("--cudnn is not available yet: upstream's cuDNN layers predate the cuDNN 8 API "
+                         "and are not ported; build with --cuda --no-cudnn")
+    run_build(BuildOptions(variant=variant, cudnn=cudnn, jobs=jobs or os.cpu_count() or 2,
+                           build_dir=build_dir, upstream=upstream, install_deps=install_deps,
+                           tests=tests, activate=not no_activate,
+                           cuda_archs=cuda_arch or DEFAULT_CUDA_ARCHS))
+
+
+@main.group()
+def patches():
+    """Work on our patch series over upstream Caffe (caffe/patches/)."""
+
+
+@patches.command("edit")
+@click.option("--dir", "dest", type=click.Path(file_okay=False), default="build/patchwork",
+              show_default=True, help="Where to create the git work tree.")
+@click.option("--upstream", type=click.Path(dir_okay=False), default=None,
+              help="Local tarball of upstream Caffe (verified) instead of the cache/fetch.")
+def patches_edit(dest, upstream):
+    """Create a git work tree: upstream as the first commit (tag `upstream`), then one commit per
+    patch. Edit, commit (one commit = one patch; amend or rebase to change one), then run
+    `cometctl patches export`."""
+    import tempfile
+    from pathlib import Path
+
+    from . import patches as p, upstream as up
+    from .progress import console
+
+    pin = up.Pin.load()
+    with tempfile.TemporaryDirectory(prefix="comet-patchwork-") as tmp, open(Path(tmp) / "log", "w") as log:
+        archive, origin = up.obtain(pin, upstream, log)
+        root = up.unpack(archive, Path(tmp) / "upstream")
+        p.make_worktree(root, Path(dest).resolve())
+    console.print(f"work tree ready in {dest} ({len(p.read_series())} patches as commits)")
+
+
+@patches.command("export")
+@click.option("--dir", "src", type=click.Path(file_okay=False, exists=True), default="build/patchwork",
+              show_default=True, help="The git work tree made by `cometctl patches edit`.")
+def patches_export(src):
+    """Write the work tree's commits after `upstream` back to caffe/patches/ and its series file."""
+    from pathlib import Path
+
+    from . import patches as p
+    from .progress import console
+
+    names = p.export_worktree(Path(src).resolve())
+    console.print(f"wrote {len(names)} patches and caffe/patches/series")
+
+
+# ---- researcher workflow: prepare-dogs, train, report (logic in dogs.py, train.py, report.py) ----------
+@main.command("prepare-dogs")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Output folder [default: data/dogs, or data/synthetic with --synthetic].")
+@click.option("--archive", type=click.Path(), default=None,
+              help="Stanford Dogs images.tar already on disk (or its unpacked folder). Without it, "
+                   "images.tar and lists.tar are downloaded into the data folder (resumable, checksummed).")
+@click.option("--lists", type=click.Path(), default=None,
+              help="Stanford Dogs lists.tar: use its official split (12,000 train / 8,580 test). Without "
+                   "it, a seeded, stratified split (--seed, --val-fraction).")
+@click.option("--size", type=int, default=None,
+              help="Images are resized to SIZE x SIZE in the LMDBs [default: 256; 64 with --synthetic].")
+@click.option("--jobs", "-j", type=int, default=None, help="Decoding processes [default: all cores].")
+@click.option("--synthetic", is_flag=True,
+              help="Generate the small embedded stand-in (10 classes, 600 JPEGs in an images.tar and "
+                   "lists.tar like the real ones) and prepare it the same way.")
+@click.option("--seed", type=int, default=1701, show_default=True, help="Seed of the shuffle and split.")
+@click.option("--val-fraction", type=float, default=0.2, show_default=True,
+              help="Share of each class held out when there is no lists.tar.")
+@click.option("--url", default=None,
+              help="Base URL to download from [default: the dataset's home page at Stanford, or "
+                   "$COMET_DOGS_URL].")
+def prepare_dogs(data_dir, archive, lists, size, jobs, synthetic, seed, val_fraction, url):
+    """Turn Stanford Dogs (120 breeds, 20,580 images) into Caffe's format: train/val LMDBs of Datums
+    (BGR, resized, shuffled), the mean image (mean.binaryproto, as compute_image_mean writes it),
+    train.txt/val.txt and synset_words.txt. Resumable and idempotent: rerun after an interruption and
+    it continues; rerun when done and it does nothing. Unreadable images are skipped and listed in
+    skipped.txt."""
+    from .dogs import prepare_dogs as run
+
+    run(data_dir=data_dir, archive=archive, lists=lists, size=size, jobs=jobs, synthetic=synthetic,
+        seed=seed, val_fraction=val_fraction, url=url)
+
+
+@main.command()
+@click.option("--solver", required=True, type=click.Path(dir_okay=False),
+              help="Solver prototxt, e.g. models/comet_tiny/solver.prototxt.")
+@click.option("--gpu", default=None, metavar="ID|all",
+              help="Train on these GPUs (caffe's -gpu: 0, 0,1 or all) [default: as the solver says].")
+@click.option("--cpu", is_flag=True, help="Train on the CPU (a copy of the solver gets solver_mode: CPU).")
+@click.option("--snapshot", type=click.Path(dir_okay=False), default=None,
+              help="Resume from this .solverstate (e.g. the one written when a run was stopped with Ctrl-C).")
+@click.option("--iters", type=int, default=None, help="Stop after this many iterations (max_iter).")
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the log, the solver as run and the snapshots go [default: runs/<time>-<model>].")
+def train(solver, gpu, cpu, snapshot, iters, run_dir):
+    """Run the fork's `caffe train` from the repository root and show a compact view: iteration,
+    loss, learning rate, test accuracy and COMET's compression figures. The full log, the adjusted
+    solver and the snapshots go to a run folder. Ctrl-C stops after writing a snapshot that --snapshot
+    resumes. Exits with caffe's status."""
+    from .train import train as run
+
+    sys.exit(run(solver, gpu=gpu, cpu=cpu, snapshot=snapshot, iters=iters, run_dir=run_dir))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--compare", type=click.Path(), default=None,
+              help="Another run folder: its curves go on the same axes.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Output folder [default: RUN_DIR/report].")
+def report(run_dir, compare, out):
+    """Parse a run's caffe.log into CSV (train.csv and test.csv with parse_log.py's columns, comet.csv)
+    and draw PNG plots: loss and accuracy against iteration and, when the log has COMET lines,
+    compression ratio, error bound, memory and time per layer."""
+    from .report import report as run
+
+    run(run_dir, compare=compare, out=out)

@@ -1,0 +1,76 @@
+"""Where things live in a checkout: one place, so commands agree."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# cometctl is installed editable from the repository, so the package's parent is the checkout.
+REPO_ROOT = Path(os.environ.get("COMET_ROOT", Path(__file__).resolve().parent.parent))
+CAFFE_DIR = REPO_ROOT / "caffe"
+PATCHES_DIR = CAFFE_DIR / "patches"
+# Our own files under caffe/ that are laid over the patched tree, mirroring its layout.
+OVERLAY_SUBDIRS = ("include", "src", "tools", "python", "cmake")
+UPSTREAM_LOCK = CAFFE_DIR / "upstream.lock"
+SZ_DIR = REPO_ROOT / "sz"
+DEFAULT_BUILD_DIR = REPO_ROOT / "build"
+CACHE_DIR = Path(os.environ.get("COMET_CACHE", Path.home() / ".cache" / "comet-caffe"))
+
+
+def build_dir(override: str | os.PathLike | None = None) -> Path:
+    """The build directory: --build-dir, else $COMET_BUILD_DIR, else <repo>/build."""
+    if override:
+        return Path(override).resolve()
+    env = os.environ.get("COMET_BUILD_DIR")
+    return Path(env).resolve() if env else DEFAULT_BUILD_DIR
+
+
+VARIANTS = ("cpu", "cuda")
+
+
+def variant_dirs(variant: str, override: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    """(patched source tree, CMake binary dir) of one build variant."""
+    root = build_dir(override) / variant
+    return root / "src", root / "cmake"
+
+
+def _active() -> dict | None:
+    """The build that `cometctl build` last activated in this venv (see build.activate)."""
+    import json
+    import sys
+
+    marker = Path(sys.prefix) / "comet-active.json"
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _candidates(variant: str | None, override) -> list[tuple[Path, Path]]:
+    active = _active()
+    out = []
+    if active and not override and (variant is None or active.get("variant") == variant):
+        out.append((Path(active["src"]), Path(active["cmake"])))
+    out += [variant_dirs(v, override) for v in ([variant] if variant else list(VARIANTS))]
+    return out
+
+
+def tool_path(name: str, variant: str | None = None, override: str | os.PathLike | None = None) -> Path:
+    """Path of a built Caffe tool (caffe, convert_imageset, compute_image_mean): the active build's,
+    else the CPU build's, else the CUDA build's. Raises CometError when none is built."""
+    from .errors import CometError
+
+    for _, cmake in _candidates(variant, override):
+        if (cmake / "tools" / name).exists():
+            return cmake / "tools" / name
+    raise CometError(f"'{name}' is not built yet: run `cometctl build` first")
+
+
+def pycaffe_dir(variant: str | None = None, override: str | os.PathLike | None = None) -> Path:
+    """Directory to put on sys.path for `import caffe` (the patched tree's python/)."""
+    from .errors import CometError
+
+    for src, _ in _candidates(variant, override):
+        if (src / "python" / "caffe" / "_caffe.so").exists():
+            return src / "python"
+    raise CometError("pycaffe is not built yet: run `cometctl build` first")
