@@ -116,6 +116,22 @@ def sync_tree(staged: Path, target: Path) -> int:
 
 # ---------------------------------------------------------------------------- CMake
 
+def sz_cmake_args(opts: BuildOptions) -> list[str]:
+    """Our compressor library, built per variant: the CUDA variant gets the CUDA backend."""
+    args = ["-DCMAKE_BUILD_TYPE=Release", "-DSZ_BUILD_TESTS=OFF", "-DSZ_FUZZ=OFF"]
+    if shutil.which("ccache"):
+        args += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
+    if opts.variant == "cuda":
+        archs = ";".join(opts.cuda_archs.replace(",", " ").split())
+        args += ["-DSZ_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={find_nvcc()}",
+                 f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+        if shutil.which("ccache"):
+            args.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
+    else:
+        args.append("-DSZ_CUDA=OFF")
+    return args
+
+
 def cmake_args(opts: BuildOptions, src: Path, python: str) -> list[str]:
     args = [
         "-DCMAKE_BUILD_TYPE=Release", "-DBLAS=Open", "-Dpython_version=3",
@@ -261,12 +277,18 @@ def build(opts: BuildOptions) -> BuildResult:
 
         python = sys.executable
         env = ccache_env(src.parent.parent)
-        run_logged(["cmake", "-S", str(src), "-B", str(cmake_dir), *cmake_args(opts, src, python)],
-                   log, title="configure (CMake)", env=env)
-        targets = ["caffe", "pycaffe", *TOOLS]
+        sz_dir = cmake_dir.parent / "sz"
+        run_logged(["cmake", "-S", str(paths.SZ_DIR), "-B", str(sz_dir), *sz_cmake_args(opts)],
+                   log, title="configure sz (CMake)", env=env)
+        compiled = run_logged(["cmake", "--build", str(sz_dir), "-j", str(opts.jobs),
+                               "--target", "sz"], log, title=f"build sz ({opts.variant})", env=env)
+        run_logged(["cmake", "-S", str(src), "-B", str(cmake_dir), *cmake_args(opts, src, python),
+                    f"-Dsz_DIR={sz_dir}"], log, title="configure (CMake)", env=env)
+        # upstream names the caffe tool target caffe.bin (the library is "caffe")
+        targets = ["caffe", "pycaffe", "caffe.bin", *TOOLS[1:]]
         if opts.tests:
             targets.append("test.testbin")
-        compiled = run_logged(["cmake", "--build", str(cmake_dir), "-j", str(opts.jobs),
+        compiled += run_logged(["cmake", "--build", str(cmake_dir), "-j", str(opts.jobs),
                                "--target", *dict.fromkeys(targets)],
                               log, title=f"build ({opts.variant})", env=env)
     result = BuildResult(opts.variant, src, cmake_dir, compiled, log_path)

@@ -1,0 +1,641 @@
+// COMET-Caffe: the activation store (see include/caffe/comet/store.hpp and docs/comet.md).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "caffe/comet/store.hpp"
+#include "caffe/util/benchmark.hpp"
+#include "caffe/util/io.hpp"
+#include "caffe/util/math_functions.hpp"
+
+namespace caffe {
+
+const char* CometMemory::name(int kind) {
+  static const char* names[] = {"weights", "activations", "gradients", "compressed", "scratch"};
+  return names[kind];
+}
+
+template <typename Dtype>
+const char* CometStore<Dtype>::ActionName(Action a) {
+  static const char* names[] = {"keep", "release", "lossy", "mask"};
+  return names[a];
+}
+
+// Forwards one of Net's four per-layer callbacks to the store.
+template <typename Dtype>
+class CometStore<Dtype>::Hook : public Net<Dtype>::Callback {
+ public:
+  enum When { BEFORE_FORWARD, AFTER_FORWARD, BEFORE_BACKWARD, AFTER_BACKWARD };
+  Hook(CometStore<Dtype>* store, When when) : store_(store), when_(when) {}
+
+ protected:
+  virtual void run(int layer) {
+    switch (when_) {
+      case BEFORE_FORWARD: store_->BeforeForward(layer); break;
+      case AFTER_FORWARD: store_->AfterForward(layer); break;
+      case BEFORE_BACKWARD: store_->BeforeBackward(layer); break;
+      case AFTER_BACKWARD: store_->AfterBackward(layer); break;
+    }
+  }
+
+ private:
+  CometStore<Dtype>* store_;
+  When when_;
+};
+
+namespace {
+
+// How a layer's Backward reads the data (not the diff) of its bottoms and tops.
+enum Read { NONE = 0, SIGN = 1, FULL = 2 };
+struct BackwardReads {
+  Read bottom, top;
+};
+
+// Upstream layers we know; anything else is assumed to read everything (nothing is freed).
+BackwardReads ReadsOf(const LayerParameter& lp) {
+  const std::string& t = lp.type();
+  BackwardReads r = {FULL, FULL};
+  if (t == "Convolution" || t == "Deconvolution" || t == "InnerProduct" || t == "Scale" ||
+      t == "PReLU" || t == "AbsVal" || t == "Log" || t == "Power" || t == "BNLL" ||
+      t == "Embed") {
+    r.bottom = FULL; r.top = NONE;
+  } else if (t == "ReLU") {
+    r.bottom = SIGN; r.top = NONE;
+  } else if (t == "Sigmoid" || t == "TanH" || t == "Exp" || t == "Softmax" || t == "ELU") {
+    r.bottom = t == "ELU" ? FULL : NONE; r.top = FULL;
+  } else if (t == "Pooling") {
+    const bool stochastic = lp.pooling_param().pool() == PoolingParameter_PoolMethod_STOCHASTIC;
+    r.bottom = stochastic ? FULL : NONE; r.top = NONE;  // MAX keeps its own argmax mask
+  } else if (t == "LRN") {
+    r.bottom = FULL; r.top = FULL;
+  } else if (t == "Dropout" || t == "Split" || t == "Concat" || t == "Slice" ||
+             t == "Flatten" || t == "Reshape" || t == "Bias" || t == "Silence" ||
+             t == "SoftmaxWithLoss" || t == "EuclideanLoss" || t == "SigmoidCrossEntropyLoss" ||
+             t == "Accuracy" || t == "ArgMax" || t == "Data" || t == "ImageData" ||
+             t == "MemoryData" || t == "HDF5Data" || t == "DummyData" || t == "Input" ||
+             t == "BatchNorm") {
+    r.bottom = NONE; r.top = NONE;  // BatchNorm and the losses keep what they need themselves
+  } else if (t == "Eltwise") {
+    const bool sum = lp.eltwise_param().operation() == EltwiseParameter_EltwiseOp_SUM;
+    r.bottom = sum ? NONE : FULL; r.top = sum ? NONE : FULL;
+  }
+  return r;
+}
+
+std::string FormatBytes(double b) {
+  char buf[32];
+  if (b >= 1 << 30) snprintf(buf, sizeof(buf), "%.2f GB", b / (1 << 30));
+  else if (b >= 1 << 20) snprintf(buf, sizeof(buf), "%.1f MB", b / (1 << 20));
+  else snprintf(buf, sizeof(buf), "%.1f KB", b / 1024.);
+  return buf;
+}
+
+bool OnDevice(const SyncedMemory* mem) {
+  return Caffe::mode() == Caffe::GPU &&
+         (mem->head() == SyncedMemory::HEAD_AT_GPU || mem->head() == SyncedMemory::SYNCED);
+}
+
+}  // namespace
+
+template <typename Dtype>
+shared_ptr<CometStore<Dtype> > CometStore<Dtype>::Attach(Solver<Dtype>* solver) {
+  const SolverParameter& sp = solver->param();
+  if (!sp.has_comet() || !sp.comet().enabled()) return shared_ptr<CometStore<Dtype> >();
+  if (sizeof(Dtype) != sizeof(float)) {
+    LOG(WARNING) << "COMET: only float nets are compressed; this double solver runs without";
+    return shared_ptr<CometStore<Dtype> >();
+  }
+  return shared_ptr<CometStore<Dtype> >(new CometStore<Dtype>(solver, sp.comet()));
+}
+
+template <typename Dtype>
+CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param)
+    : solver_(solver), net_(solver->net().get()), param_(param), measuring_(false),
+      last_report_iter_(-1) {
+  CHECK_GT(param_.error_bound(), 0) << "comet.error_bound must be positive";
+  CHECK_GT(param_.min_error_bound(), 0) << "comet.min_error_bound must be positive";
+  CHECK_LE(param_.min_error_bound(), param_.max_error_bound())
+      << "comet.min_error_bound must not exceed comet.max_error_bound";
+  CHECK_GT(param_.adaptive_target(), 0) << "comet.adaptive_target must be positive";
+  MakePlan();
+  typedef typename CometStore<Dtype>::Hook H;
+  hooks_.push_back(shared_ptr<H>(new H(this, H::BEFORE_FORWARD)));
+  hooks_.push_back(shared_ptr<H>(new H(this, H::AFTER_FORWARD)));
+  hooks_.push_back(shared_ptr<H>(new H(this, H::BEFORE_BACKWARD)));
+  hooks_.push_back(shared_ptr<H>(new H(this, H::AFTER_BACKWARD)));
+  net_->add_before_forward(hooks_[0].get());
+  net_->add_after_forward(hooks_[1].get());
+  net_->add_before_backward(hooks_[2].get());
+  net_->add_after_backward(hooks_[3].get());
+  solver_->add_callback(this);
+  if (Caffe::mode() == Caffe::GPU) CometGpuPoolEnable(true);
+
+  stats_path_ = param_.stats_file();
+  if (stats_path_.empty() && solver->param().has_snapshot_prefix()) {
+    stats_path_ = solver->param().snapshot_prefix() + "_comet.csv";
+  }
+  if (Caffe::root_solver()) {
+    LOG(INFO) << "COMET: activation store on; error bounds "
+              << (param_.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE ? "ADAPTIVE"
+                                                                             : "FIXED")
+              << ", start " << param_.error_bound() << "\n" << Plan();
+  }
+}
+
+template <typename Dtype>
+CometStore<Dtype>::~CometStore() {
+  if (Caffe::mode() == Caffe::GPU) CometGpuPoolEnable(false);
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::MakePlan() {
+  const int L = net_->layers().size();
+  const int B = net_->blobs().size();
+  std::set<std::string> lossy_types;
+  for (int i = 0; i < param_.compress_type_size(); ++i) lossy_types.insert(param_.compress_type(i));
+  if (lossy_types.empty()) {
+    lossy_types.insert("Convolution");
+    lossy_types.insert("InnerProduct");
+    lossy_types.insert("LRN");
+  }
+  // Blobs whose data or diff the store never touches: what callers read or set from outside.
+  std::vector<bool> protect(B, false);
+  for (int i = 0; i < net_->input_blob_indices().size(); ++i)
+    protect[net_->input_blob_indices()[i]] = true;
+  for (int i = 0; i < net_->output_blob_indices().size(); ++i)
+    protect[net_->output_blob_indices()[i]] = true;
+  for (int b = 0; b < B; ++b)
+    if (net_->blob_loss_weights()[b] != Dtype(0)) protect[b] = true;  // diff holds the weight
+  // Tops of source layers (Data, DummyData, Input, Parameter, ...): some write them once at
+  // setup (constant DummyData, Parameter shares a learnable blob) and never again.
+  for (int i = 0; i < net_->layers().size(); ++i)
+    if (net_->bottom_ids(i).empty())
+      for (int k = 0; k < net_->top_ids(i).size(); ++k) protect[net_->top_ids(i)[k]] = true;
+
+  // Group blobs by data memory.
+  std::map<const SyncedMemory*, int> group_of_mem;
+  std::vector<int> group(B);
+  std::vector<std::vector<int> > members;
+  for (int b = 0; b < B; ++b) {
+    const SyncedMemory* mem = net_->blobs()[b]->data().get();
+    std::map<const SyncedMemory*, int>::iterator it = group_of_mem.find(mem);
+    if (it == group_of_mem.end()) {
+      it = group_of_mem.insert(std::make_pair(mem, static_cast<int>(members.size()))).first;
+      members.push_back(std::vector<int>());
+    }
+    group[b] = it->second;
+    members[it->second].push_back(b);
+  }
+  const int G = members.size();
+  std::vector<int> last_fwd(G, -1), first_fwd(G, L), last_bwd(G, L);
+  std::vector<bool> prot(G, false), sign_only(G, true), any_sign(G, false), lossy_ok(G, true);
+  std::vector<std::vector<int> > readers(G);
+  bound_of_layer_.assign(L, -1);
+  tops_written_.assign(L, std::vector<int>());
+  for (int b = 0; b < B; ++b) if (protect[b]) prot[group[b]] = true;
+
+  for (int i = 0; i < L; ++i) {
+    const LayerParameter& lp = net_->layers()[i]->layer_param();
+    const BackwardReads reads = ReadsOf(lp);
+    const bool runs_backward = net_->layer_need_backward()[i];
+    const bool layer_lossy = lossy_types.count(lp.type()) &&
+                             (!lp.has_comet_param() || lp.comet_param().compress());
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<int>& ids = side == 0 ? net_->bottom_ids(i) : net_->top_ids(i);
+      const Read read = side == 0 ? reads.bottom : reads.top;
+      for (int k = 0; k < ids.size(); ++k) {
+        const int g = group[ids[k]];
+        last_fwd[g] = std::max(last_fwd[g], i);
+        first_fwd[g] = std::min(first_fwd[g], i);
+        if (!runs_backward || read == NONE) continue;
+        readers[g].push_back(i);
+        last_bwd[g] = std::min(last_bwd[g], i);
+        if (read != SIGN) sign_only[g] = false;
+        if (read == SIGN) any_sign[g] = true;
+        // Lossy is fine for the inputs of the layer types in compress_type (and for LRN's
+        // output, which LRN's backward also reads). Sign reads get an exact sign mask.
+        if (read == FULL && !(layer_lossy && (side == 0 || lp.type() == "LRN")))
+          lossy_ok[g] = false;
+      }
+    }
+    const std::vector<int>& tops = net_->top_ids(i);
+    const std::vector<int>& bottoms = net_->bottom_ids(i);
+    for (int k = 0; k < tops.size(); ++k) {
+      bool in_place = false;
+      for (int j = 0; j < bottoms.size(); ++j)
+        if (group[bottoms[j]] == group[tops[k]]) in_place = true;
+      if (!in_place) tops_written_[i].push_back(tops[k]);
+    }
+  }
+
+  // Error bounds: one per layer whose input is stored lossy.
+  after_forward_.assign(L, std::vector<int>());
+  after_backward_.assign(L, std::vector<int>());
+  for (int g = 0; g < G; ++g) {
+    if (prot[g] || last_fwd[g] < 0) continue;
+    Entry e;
+    e.blob = net_->blob_names()[members[g][0]];
+    e.blob_ids = members[g];
+    e.last_forward = last_fwd[g];
+    e.last_backward = readers[g].empty() ? -1 : last_bwd[g];
+    e.timing.reset(new CometTiming());
+    e.dense_bytes = e.stored_bytes = e.encode_ms = 0;
+    e.samples = 0;
+    e.last_ratio = e.last_ms = e.last_eb = 0;
+    e.last_dense = e.last_stored = 0;
+    e.signs = false;
+    if (readers[g].empty()) {
+      if (!param_.release_unused()) continue;
+      e.action = RELEASE;
+      e.name = e.blob;
+    } else if (sign_only[g]) {
+      if (!param_.relu_masks()) continue;
+      e.action = MASK;
+      e.name = net_->layer_names()[readers[g][0]];
+    } else if (lossy_ok[g]) {
+      e.action = LOSSY;
+      e.signs = any_sign[g];
+      std::set<int> seen;
+      for (int r = 0; r < readers[g].size(); ++r) {
+        const int i = readers[g][r];
+        if (!seen.insert(i).second) continue;
+        const BackwardReads reads = ReadsOf(net_->layers()[i]->layer_param());
+        if (reads.bottom == SIGN) continue;  // ReLU: served by the sign mask
+        if (!e.name.empty()) e.name += "+";
+        e.name += net_->layer_names()[i];
+        if (bound_of_layer_[i] < 0) {
+          const LayerParameter& lp = net_->layers()[i]->layer_param();
+          Bound bd;
+          bd.layer = lp.name();
+          bd.layer_id = i;
+          bd.fixed = (lp.has_comet_param() && lp.comet_param().has_error_bound()) ||
+                     param_.eb_mode() == CometParameter_ErrorBoundMode_FIXED;
+          bd.eb = lp.has_comet_param() && lp.comet_param().has_error_bound()
+                      ? lp.comet_param().error_bound() : param_.error_bound();
+          CHECK_GT(bd.eb, 0) << "comet_param.error_bound of " << lp.name() << " must be > 0";
+          bd.adapt = !bd.fixed && (lp.type() == "Convolution" || lp.type() == "InnerProduct");
+          bd.est_error = -1;
+          bound_of_layer_[i] = bounds_.size();
+          bounds_.push_back(bd);
+        }
+        e.eb_layers.push_back(bound_of_layer_[i]);
+      }
+    } else {
+      continue;  // KEEP: some reader needs it exactly
+    }
+    after_forward_[e.last_forward].push_back(entries_.size());
+    if (e.last_backward >= 0) after_backward_[e.last_backward].push_back(entries_.size());
+    entries_.push_back(e);
+  }
+  // Activation diffs: free after the last layer whose backward touches them.
+  diff_release_.assign(L, std::vector<int>());
+  if (param_.release_diffs()) {
+    std::map<const SyncedMemory*, int> last_use;
+    std::map<const SyncedMemory*, bool> diff_prot;
+    for (int b = 0; b < B; ++b) {
+      const SyncedMemory* mem = net_->blobs()[b]->diff().get();
+      if (protect[b]) diff_prot[mem] = true;
+      if (!last_use.count(mem)) last_use[mem] = L;
+    }
+    for (int i = 0; i < L; ++i) {
+      if (!net_->layer_need_backward()[i]) continue;
+      for (int side = 0; side < 2; ++side) {
+        const std::vector<int>& ids = side == 0 ? net_->bottom_ids(i) : net_->top_ids(i);
+        for (int k = 0; k < ids.size(); ++k) {
+          const SyncedMemory* mem = net_->blobs()[ids[k]]->diff().get();
+          last_use[mem] = std::min(last_use[mem], i);
+        }
+      }
+    }
+    std::set<const SyncedMemory*> done;
+    for (int b = 0; b < B; ++b) {
+      const SyncedMemory* mem = net_->blobs()[b]->diff().get();
+      if (diff_prot[mem] || last_use[mem] >= L || !done.insert(mem).second) continue;
+      diff_release_[last_use[mem]].push_back(b);
+    }
+  }
+  top_diff_sumsq_.assign(L, 0);
+}
+
+template <typename Dtype>
+std::string CometStore<Dtype>::Plan() const {
+  std::ostringstream os;
+  for (int e = 0; e < entries_.size(); ++e) {
+    const Entry& en = entries_[e];
+    os << "  COMET plan: blob " << en.blob << " -> " << ActionName(en.action) << " after "
+       << net_->layer_names()[en.last_forward] << " forward";
+    if (en.action == LOSSY || en.action == MASK) os << ", for " << en.name << " backward";
+    if (en.signs) os << " (+ sign mask)";
+    if (e + 1 < entries_.size()) os << "\n";
+  }
+  return os.str();
+}
+
+template <typename Dtype>
+float CometStore<Dtype>::EntryBound(const Entry& e) const {
+  float eb = bounds_[e.eb_layers[0]].eb;
+  for (int i = 1; i < e.eb_layers.size(); ++i) eb = std::min(eb, bounds_[e.eb_layers[i]].eb);
+  return eb;
+}
+
+template <typename Dtype>
+float CometStore<Dtype>::bound(const std::string& layer) const {
+  for (int b = 0; b < bounds_.size(); ++b) if (bounds_[b].layer == layer) return bounds_[b].eb;
+  return -1;
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::set_bound(const std::string& layer, float eb) {
+  for (int b = 0; b < bounds_.size(); ++b) if (bounds_[b].layer == layer) bounds_[b].eb = eb;
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::BeforeForward(int layer) {
+  // The forward pass overwrites these tops: a payload left from a forward without backward
+  // (pycaffe, an early exit) is dropped rather than decoded for nothing.
+  const std::vector<int>& ids = tops_written_[layer];
+  for (int k = 0; k < ids.size(); ++k) {
+    SyncedMemory* mem = net_->blobs()[ids[k]]->data().get();
+    if (mem->comet_payload()) mem->comet_payload().reset();
+  }
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::AfterForward(int layer) {
+  const std::vector<int>& todo = after_forward_[layer];
+  for (int t = 0; t < todo.size(); ++t) {
+    Entry& e = entries_[todo[t]];
+    Blob<Dtype>* blob = net_->blobs()[e.blob_ids[0]].get();
+    SyncedMemory* mem = blob->data().get();
+    if (!mem->comet_can_release() || mem->comet_payload() ||
+        mem->head() == SyncedMemory::UNINITIALIZED) {
+      continue;  // not ours to free (a data layer's prefetch buffer), or nothing there
+    }
+    if (e.action == RELEASE) {
+      mem->comet_release();
+      continue;
+    }
+    CPUTimer timer;
+    timer.Start();
+    const bool dev = OnDevice(mem);
+    const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
+    shared_ptr<CometPayload> p;
+    if (e.action == LOSSY) {
+      p = CometEncodeLossy(data, blob->shape(), dev, EntryBound(e), e.blob);
+      if (e.signs) {
+        p->sign_mask = CometEncodeMask(data, blob->count(), dev, e.blob);
+        if (!p->sign_mask) {
+          LOG_FIRST_N(WARNING, 10) << "COMET: blob " << e.blob << " holds NaN or Inf; kept "
+                                   << "dense this iteration (ReLU needs its exact sign)";
+          continue;
+        }
+      }
+    } else {
+      p = CometEncodeMask(data, blob->count(), dev, e.blob);
+      if (!p) {
+        LOG_FIRST_N(WARNING, 10) << "COMET: blob " << e.blob << " holds NaN or Inf; kept dense "
+                                 << "this iteration (a sign mask would lose them)";
+        continue;
+      }
+    }
+    p->timing = e.timing;
+    mem->comet_release();
+    mem->comet_payload() = p;
+    e.encode_ms += timer.MilliSeconds();
+    e.dense_bytes += p->dense_bytes();
+    e.stored_bytes += p->stored_bytes();
+    e.samples += 1;
+  }
+  Sample();
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::BeforeBackward(int layer) {
+  if (!measuring_ || bound_of_layer_[layer] < 0 || !bounds_[bound_of_layer_[layer]].adapt ||
+      !net_->layer_need_backward()[layer]) {
+    return;
+  }
+  // ||dy||^2 of the layer's output gradient, for the error estimate after its backward.
+  const std::vector<Blob<Dtype>*>& tops = net_->top_vecs()[layer];
+  double s = 0;
+  for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
+  top_diff_sumsq_[layer] = s;
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::AfterBackward(int layer) {
+  if (measuring_ && bound_of_layer_[layer] >= 0 && bounds_[bound_of_layer_[layer]].adapt &&
+      net_->layer_need_backward()[layer] && !net_->layers()[layer]->blobs().empty()) {
+    // Weight gradient dW = sum x (x) dy. An input error uniform in [-eb, eb] gives each weight
+    // an error of standard deviation eb/sqrt(3) * ||dy_o|| (dy_o: the output channel the weight
+    // feeds), so the RMS error over the weights is eb * ||dy|| / sqrt(3 O), O output channels.
+    // Keep it below adaptive_target times the RMS of dW (docs/comet.md).
+    Bound& bd = bounds_[bound_of_layer_[layer]];
+    Blob<Dtype>* w = net_->layers()[layer]->blobs()[0].get();
+    const double out_channels = w->shape(0);
+    const double grad_rms = std::sqrt(static_cast<double>(w->sumsq_diff()) / w->count());
+    const double dy = std::sqrt(top_diff_sumsq_[layer]);
+    if (dy > 0 && grad_rms > 0 && std::isfinite(dy) && std::isfinite(grad_rms)) {
+      const double per_eb = dy / std::sqrt(3. * out_channels) / grad_rms;  // error / eb
+      bd.est_error = bd.eb * per_eb;
+      double eb = param_.adaptive_target() / per_eb;
+      eb = std::min<double>(std::max<double>(eb, param_.min_error_bound()),
+                            param_.max_error_bound());
+      bd.eb = static_cast<float>(eb);
+    }
+  }
+  const std::vector<int>& todo = after_backward_[layer];
+  for (int t = 0; t < todo.size(); ++t) {
+    SyncedMemory* mem = net_->blobs()[entries_[todo[t]].blob_ids[0]]->data().get();
+    if (!mem->comet_can_release()) continue;
+    mem->comet_payload().reset();  // not decoded when backward did not need it after all
+    mem->comet_release();
+  }
+  const std::vector<int>& diffs = diff_release_[layer];
+  for (int k = 0; k < diffs.size(); ++k) {
+    SyncedMemory* mem = net_->blobs()[diffs[k]]->diff().get();
+    if (mem->comet_can_release()) mem->comet_release();
+  }
+  Sample();
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::Sample() {
+  size_t cur[CometMemory::NUM_KINDS] = {0, 0, 0, 0, 0};
+  std::set<const SyncedMemory*> seen;
+  const std::vector<shared_ptr<Blob<Dtype> > >& blobs = net_->blobs();
+  for (int b = 0; b < blobs.size(); ++b) {
+    SyncedMemory* d = blobs[b]->data().get();
+    if (seen.insert(d).second) {
+      if (d->head() != SyncedMemory::UNINITIALIZED) cur[CometMemory::ACTIVATIONS] += d->size();
+      if (d->comet_payload()) cur[CometMemory::COMPRESSED] += d->comet_payload()->stored_bytes();
+    }
+    SyncedMemory* g = blobs[b]->diff().get();
+    if (g && seen.insert(g).second && g->head() != SyncedMemory::UNINITIALIZED)
+      cur[CometMemory::GRADIENTS] += g->size();
+  }
+  const std::vector<Blob<Dtype>*>& params = net_->learnable_params();
+  for (int p = 0; p < params.size(); ++p) {
+    SyncedMemory* d = params[p]->data().get();
+    if (seen.insert(d).second && d->head() != SyncedMemory::UNINITIALIZED)
+      cur[CometMemory::WEIGHTS] += d->size();
+    SyncedMemory* g = params[p]->diff().get();
+    if (g && seen.insert(g).second && g->head() != SyncedMemory::UNINITIALIZED)
+      cur[CometMemory::GRADIENTS] += g->size();
+  }
+  cur[CometMemory::SCRATCH] = CometGpuPoolQuery().cached;
+  size_t total = 0;
+  for (int k = 0; k < CometMemory::NUM_KINDS; ++k) {
+    memory_.current[k] = cur[k];
+    memory_.peak[k] = std::max(memory_.peak[k], cur[k]);
+    total += cur[k];
+  }
+  if (total > memory_.peak_total) {
+    memory_.peak_total = total;
+    for (int k = 0; k < CometMemory::NUM_KINDS; ++k) memory_.at_peak[k] = cur[k];
+  }
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::on_start() {
+  const int iter = solver_->iter();
+  // Measure the error estimate on the iterations where the bounds are revisited.
+  measuring_ = param_.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE &&
+               param_.update_interval() > 0 && iter % param_.update_interval() == 0;
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::on_gradients_ready() {
+  measuring_ = false;
+  const int display = solver_->param().display();
+  if (display && solver_->iter() % display == 0) Report();
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::Report() {
+  const int iter = solver_->iter();
+  last_report_iter_ = iter;
+  double dense = 0, stored = 0;
+  const bool root = Caffe::root_solver();
+  if (root && !stats_path_.empty() && !stats_.is_open()) {
+    std::ifstream exists(stats_path_.c_str());
+    const bool fresh = !exists.good();
+    stats_.open(stats_path_.c_str(), std::ios::app);
+    if (!stats_.good()) {
+      LOG(WARNING) << "COMET: cannot write statistics to " << stats_path_;
+      stats_path_.clear();
+    } else if (fresh) {
+      stats_ << "iter,layer,blob,kind,ratio,eb,ms,dense_bytes,stored_bytes,peak_bytes,"
+                "weights_bytes,activations_bytes,gradients_bytes,compressed_bytes,scratch_bytes\n";
+    }
+  }
+  for (int i = 0; i < entries_.size(); ++i) {
+    Entry& e = entries_[i];
+    if (e.action == RELEASE || e.action == KEEP) continue;
+    if (e.samples == 0) continue;
+    e.last_dense = static_cast<size_t>(e.dense_bytes / e.samples);
+    e.last_stored = static_cast<size_t>(e.stored_bytes / e.samples);
+    e.last_ratio = e.stored_bytes > 0 ? e.dense_bytes / e.stored_bytes : 0;
+    e.last_ms = (e.encode_ms + e.timing->decode_ms) / e.samples;
+    e.last_eb = e.action == LOSSY ? EntryBound(e) : 0;
+    dense += e.last_dense;
+    stored += e.last_stored;
+    if (root) {
+      char line[256];
+      if (e.action == LOSSY) {
+        snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, eb %.1e, %.1f ms", e.name.c_str(),
+                 e.last_ratio, e.last_eb, e.last_ms);
+      } else {
+        snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, mask, %.1f ms", e.name.c_str(),
+                 e.last_ratio, e.last_ms);
+      }
+      LOG(INFO) << line;
+      if (stats_.is_open()) {
+        stats_ << iter << "," << e.name << "," << e.blob << "," << ActionName(e.action) << ","
+               << e.last_ratio << "," << e.last_eb << "," << e.last_ms << "," << e.last_dense
+               << "," << e.last_stored << ",,,,,,\n";
+      }
+    }
+    e.dense_bytes = e.stored_bytes = e.encode_ms = 0;
+    e.timing->decode_ms = 0;
+    e.samples = 0;
+  }
+  if (!root) return;
+  const CometMemory& m = memory_;
+  char line[512];
+  snprintf(line, sizeof(line),
+           "COMET total: activations %s -> %s (%.1fx), peak memory %s (weights %s, activations "
+           "%s, gradients %s, compressed %s, scratch %s)",
+           FormatBytes(dense).c_str(), FormatBytes(stored).c_str(),
+           stored > 0 ? dense / stored : 0., FormatBytes(m.peak_total).c_str(),
+           FormatBytes(m.at_peak[CometMemory::WEIGHTS]).c_str(),
+           FormatBytes(m.at_peak[CometMemory::ACTIVATIONS]).c_str(),
+           FormatBytes(m.at_peak[CometMemory::GRADIENTS]).c_str(),
+           FormatBytes(m.at_peak[CometMemory::COMPRESSED]).c_str(),
+           FormatBytes(m.at_peak[CometMemory::SCRATCH]).c_str());
+  LOG(INFO) << line;
+  if (stats_.is_open()) {
+    stats_ << iter << ",total,," << "total" << "," << (stored > 0 ? dense / stored : 0) << ",,,"
+           << static_cast<size_t>(dense) << "," << static_cast<size_t>(stored) << ","
+           << m.peak_total;
+    for (int k = 0; k < CometMemory::NUM_KINDS; ++k) stats_ << "," << m.at_peak[k];
+    stats_ << "\n";
+    stats_.flush();
+  }
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::Save(const std::string& filename) const {
+  CometState state;
+  state.set_iter(solver_->iter());
+  for (int b = 0; b < bounds_.size(); ++b) {
+    CometState::LayerBound* lb = state.add_bound();
+    lb->set_layer(bounds_[b].layer);
+    lb->set_error_bound(bounds_[b].eb);
+  }
+  LOG(INFO) << "COMET: saving error bounds to " << filename;
+  WriteProtoToTextFile(state, filename);
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::Load(const std::string& solverstate_filename) {
+  std::string base = solverstate_filename;
+  const char* suffixes[] = {".solverstate.h5", ".solverstate"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string s(suffixes[i]);
+    if (base.size() > s.size() && base.compare(base.size() - s.size(), s.size(), s) == 0) {
+      base = base.substr(0, base.size() - s.size());
+      break;
+    }
+  }
+  const std::string filename = base + ".cometstate";
+  std::ifstream probe(filename.c_str());
+  if (!probe.good()) {
+    LOG(WARNING) << "COMET: no " << filename << " beside the snapshot; error bounds start over";
+    return;
+  }
+  CometState state;
+  CHECK(ReadProtoFromTextFile(filename, &state)) << "COMET: cannot parse " << filename;
+  int restored = 0;
+  for (int i = 0; i < state.bound_size(); ++i) {
+    const float eb = state.bound(i).error_bound();
+    CHECK(eb > 0 && std::isfinite(eb)) << "COMET: bad error bound for " << state.bound(i).layer()
+                                       << " in " << filename;
+    for (int b = 0; b < bounds_.size(); ++b) {
+      if (bounds_[b].layer == state.bound(i).layer() && !bounds_[b].fixed) {
+        bounds_[b].eb = eb;
+        ++restored;
+      }
+    }
+  }
+  LOG(INFO) << "COMET: restored " << restored << " error bounds from " << filename;
+}
+
+INSTANTIATE_CLASS(CometStore);
+
+}  // namespace caffe

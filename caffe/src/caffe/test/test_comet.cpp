@@ -1,0 +1,455 @@
+// COMET-Caffe: tests of the activation store, its payloads and its error bounds (CPU).
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+
+#include "caffe/blob.hpp"
+#include "caffe/comet/payload.hpp"
+#include "caffe/comet/store.hpp"
+#include "caffe/common.hpp"
+#include "caffe/filler.hpp"
+#include "caffe/layers/conv_layer.hpp"
+#include "caffe/layers/inner_product_layer.hpp"
+#include "caffe/sgd_solvers.hpp"
+#include "caffe/solver.hpp"
+#include "caffe/syncedmem.hpp"
+#include "caffe/util/io.hpp"
+#include "caffe/util/math_functions.hpp"
+
+#include "caffe/test/test_caffe_main.hpp"
+
+namespace caffe {
+
+namespace {
+
+// ReLU-like data: a fraction `zeros` of exact zeros, the rest uniform in (0, scale).
+void FillActivations(Blob<float>* b, float zeros, float scale, unsigned seed) {
+  float* x = b->mutable_cpu_data();
+  srand(seed);
+  for (int i = 0; i < b->count(); ++i) {
+    const float u = static_cast<float>(rand()) / RAND_MAX;  // NOLINT
+    const float v = static_cast<float>(rand()) / RAND_MAX;  // NOLINT
+    x[i] = u < zeros ? 0.f : scale * v;
+  }
+}
+
+float MaxAbsDiff(const float* a, const float* b, int n) {
+  float m = 0;
+  for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace
+
+class CometPayloadTest : public ::testing::Test {
+ protected:
+  virtual void SetUp() { Caffe::set_mode(Caffe::CPU); }
+};
+
+TEST_F(CometPayloadTest, LossyRespectsTheBoundAndKeepsZeros) {
+  Blob<float> blob(4, 8, 13, 11);
+  FillActivations(&blob, 0.7f, 5.f, 1);
+  const double ebs[] = {1e-1, 1e-2, 1e-3, 1e-4};
+  for (int k = 0; k < 4; ++k) {
+    shared_ptr<CometPayload> p =
+        CometEncodeLossy(blob.cpu_data(), blob.shape(), false, ebs[k], "x");
+    ASSERT_TRUE(p.get() != NULL);
+    EXPECT_LT(p->bytes(), p->dense_bytes()) << "eb " << ebs[k];
+    std::vector<float> out(blob.count(), -1.f);
+    std::string error;
+    ASSERT_TRUE(CometDecode(*p, out.data(), &error)) << error;
+    EXPECT_LE(MaxAbsDiff(blob.cpu_data(), out.data(), blob.count()), ebs[k]);
+    for (int i = 0; i < blob.count(); ++i) {
+      if (blob.cpu_data()[i] == 0.f) ASSERT_EQ(out[i], 0.f) << i;
+    }
+  }
+}
+
+TEST_F(CometPayloadTest, MaskKeepsTheSignAndRefusesNaN) {
+  Blob<float> blob(1, 3, 7, 5);  // 105 values: the last word is partial
+  FillActivations(&blob, 0.5f, 1.f, 2);
+  blob.mutable_cpu_data()[3] = -2.f;
+  shared_ptr<CometPayload> p = CometEncodeMask(blob.cpu_data(), blob.count(), false, "x");
+  ASSERT_TRUE(p.get() != NULL);
+  EXPECT_EQ(p->bytes(), 4 * sizeof(uint32_t));
+  std::vector<float> out(blob.count());
+  std::string error;
+  ASSERT_TRUE(CometDecode(*p, out.data(), &error)) << error;
+  for (int i = 0; i < blob.count(); ++i) {
+    EXPECT_EQ(out[i] > 0, blob.cpu_data()[i] > 0) << i;
+  }
+  blob.mutable_cpu_data()[7] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(CometEncodeMask(blob.cpu_data(), blob.count(), false, "x").get() == NULL);
+  blob.mutable_cpu_data()[7] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(CometEncodeMask(blob.cpu_data(), blob.count(), false, "x").get() == NULL);
+}
+
+TEST_F(CometPayloadTest, SignMaskMakesLossySignsExactWithinTheBound) {
+  Blob<float> blob(2, 4, 10, 10);
+  FillActivations(&blob, 0.5f, 0.05f, 9);  // many values below eb: their sign would flip
+  const double eb = 1e-2;
+  shared_ptr<CometPayload> plain = CometEncodeLossy(blob.cpu_data(), blob.shape(), false, eb, "x");
+  shared_ptr<CometPayload> p = CometEncodeLossy(blob.cpu_data(), blob.shape(), false, eb, "x");
+  p->sign_mask = CometEncodeMask(blob.cpu_data(), blob.count(), false, "x");
+  std::vector<float> a(blob.count()), b(blob.count());
+  std::string error;
+  ASSERT_TRUE(CometDecode(*plain, a.data(), &error)) << error;
+  ASSERT_TRUE(CometDecode(*p, b.data(), &error)) << error;
+  int flipped_without = 0;
+  for (int i = 0; i < blob.count(); ++i) {
+    const float x = blob.cpu_data()[i];
+    flipped_without += (a[i] > 0) != (x > 0);
+    ASSERT_EQ(b[i] > 0, x > 0) << i;
+    ASSERT_LE(std::fabs(b[i] - x), eb) << i;
+  }
+  EXPECT_GT(flipped_without, 0) << "test data too easy: nothing to correct";
+  EXPECT_EQ(p->stored_bytes(), p->bytes() + p->sign_mask->bytes());
+  static_cast<uint32_t*>(p->sign_mask->data())[0] ^= 1u;
+  EXPECT_FALSE(CometDecode(*p, b.data(), &error));
+}
+
+TEST_F(CometPayloadTest, LossyKeepsNaNAndInfExactly) {
+  Blob<float> blob(2, 3, 4, 5);
+  FillActivations(&blob, 0.3f, 2.f, 3);
+  float* x = blob.mutable_cpu_data();
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[6] = std::numeric_limits<float>::infinity();
+  x[7] = -std::numeric_limits<float>::infinity();
+  shared_ptr<CometPayload> p = CometEncodeLossy(x, blob.shape(), false, 1e-2, "x");
+  std::vector<float> out(blob.count());
+  std::string error;
+  ASSERT_TRUE(CometDecode(*p, out.data(), &error)) << error;
+  EXPECT_TRUE(std::isnan(out[5]));
+  EXPECT_EQ(out[6], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(out[7], -std::numeric_limits<float>::infinity());
+}
+
+TEST_F(CometPayloadTest, CorruptPayloadsAreRejected) {
+  Blob<float> blob(2, 4, 9, 9);
+  FillActivations(&blob, 0.6f, 3.f, 4);
+  std::vector<float> out(blob.count());
+  std::string error;
+  shared_ptr<CometPayload> lossy = CometEncodeLossy(blob.cpu_data(), blob.shape(), false, 1e-3, "x");
+  for (size_t pos = 0; pos < lossy->bytes(); pos += std::max<size_t>(1, lossy->bytes() / 16)) {
+    shared_ptr<CometPayload> bad = CometEncodeLossy(blob.cpu_data(), blob.shape(), false, 1e-3, "x");
+    static_cast<uint8_t*>(bad->data())[pos] ^= 0x5a;
+    EXPECT_FALSE(CometDecode(*bad, out.data(), &error)) << "flipped byte " << pos;
+  }
+  shared_ptr<CometPayload> mask = CometEncodeMask(blob.cpu_data(), blob.count(), false, "x");
+  static_cast<uint32_t*>(mask->data())[1] ^= 0x10u;
+  EXPECT_FALSE(CometDecode(*mask, out.data(), &error));
+  EXPECT_NE(error.find("mask"), std::string::npos) << error;
+}
+
+TEST_F(CometPayloadTest, SyncedMemoryRestoresOnAccess) {
+  Blob<float> blob(2, 3, 8, 8);
+  FillActivations(&blob, 0.5f, 1.f, 5);
+  std::vector<float> orig(blob.cpu_data(), blob.cpu_data() + blob.count());
+  SyncedMemory* mem = blob.data().get();
+  shared_ptr<CometPayload> p = CometEncodeLossy(blob.cpu_data(), blob.shape(), false, 1e-3, "x");
+  ASSERT_TRUE(mem->comet_can_release());
+  EXPECT_EQ(mem->comet_release(), blob.count() * sizeof(float));
+  EXPECT_EQ(mem->head(), SyncedMemory::UNINITIALIZED);
+  mem->comet_payload() = p;
+  const float* back = blob.cpu_data();  // restores
+  EXPECT_TRUE(mem->comet_payload().get() == NULL);
+  EXPECT_LE(MaxAbsDiff(orig.data(), back, blob.count()), 1e-3);
+}
+
+TEST_F(CometPayloadTest, MemoryWeDoNotOwnIsNotReleased) {
+  Blob<float> blob(1, 1, 4, 4);
+  std::vector<float> external(16, 1.f);
+  blob.data()->set_cpu_data(external.data());
+  EXPECT_FALSE(blob.data()->comet_can_release());
+}
+
+TEST_F(CometPayloadTest, CorruptPayloadIsFatalNotUsed) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  Blob<float> blob(2, 3, 8, 8);
+  FillActivations(&blob, 0.5f, 1.f, 6);
+  shared_ptr<CometPayload> p = CometEncodeLossy(blob.cpu_data(), blob.shape(), false, 1e-3, "conv9");
+  static_cast<uint8_t*>(p->data())[p->bytes() / 2] ^= 0xff;
+  blob.data()->comet_release();
+  blob.data()->comet_payload() = p;
+  EXPECT_DEATH(blob.cpu_data(), "compressed data of blob 'conv9' is corrupt");
+}
+
+// ---------------------------------------------------------------- the error-bound derivation
+
+// The weight gradient of a layer computed from an input stored at bound eb differs from the
+// exact one by at most eb * sum|dy| per weight, and its RMS difference is near the estimate
+// eb * ||dy|| / sqrt(3 O) that the adaptive rule uses (docs/comet.md).
+template <typename LayerT>
+void CheckGradientError(const LayerParameter& lp, const std::vector<int>& in_shape, double eb) {
+  Blob<float> bottom(in_shape), top;
+  std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+  LayerT layer(lp);
+  layer.SetUp(bv, tv);
+  FillActivations(&bottom, 0.f, 2.f, 7);  // dense: every value carries quantization error
+  FillerParameter fp;
+  fp.set_std(1.f);
+  GaussianFiller<float> filler(fp);
+  filler.Fill(&top);  // any values; only the diff matters
+  caffe_copy(top.count(), top.cpu_data(), top.mutable_cpu_diff());
+  const std::vector<bool> down(1, false);
+  Blob<float>* w = layer.blobs()[0].get();
+
+  caffe_set(w->count(), 0.f, w->mutable_cpu_diff());
+  layer.Backward(tv, down, bv);
+  std::vector<float> exact(w->cpu_diff(), w->cpu_diff() + w->count());
+
+  shared_ptr<CometPayload> p = CometEncodeLossy(bottom.cpu_data(), bottom.shape(), false, eb, "in");
+  std::string error;
+  ASSERT_TRUE(CometDecode(*p, bottom.mutable_cpu_data(), &error)) << error;
+  caffe_set(w->count(), 0.f, w->mutable_cpu_diff());
+  layer.Backward(tv, down, bv);
+
+  const int O = w->shape(0);
+  const int per_o = w->count() / O;
+  double sq = 0, dy_sq = 0, worst_ratio = 0;
+  const int spatial = top.count() / (top.shape(0) * O);
+  for (int o = 0; o < O; ++o) {
+    double dy_abs = 0;  // sum over n and positions of |dy[n, o, p]|
+    for (int n = 0; n < top.shape(0); ++n)
+      for (int s = 0; s < spatial; ++s) dy_abs += std::fabs(top.cpu_diff()[(n * O + o) * spatial + s]);
+    for (int k = 0; k < per_o; ++k) {
+      const double d = w->cpu_diff()[o * per_o + k] - exact[o * per_o + k];
+      sq += d * d;
+      worst_ratio = std::max(worst_ratio, std::fabs(d) / (eb * dy_abs));
+    }
+  }
+  for (int i = 0; i < top.count(); ++i) dy_sq += top.cpu_diff()[i] * top.cpu_diff()[i];
+  EXPECT_LE(worst_ratio, 1.0 + 1e-3) << "worst-case bound eb * sum|dy| violated";
+  const double rms = std::sqrt(sq / w->count());
+  const double estimate = eb * std::sqrt(dy_sq) / std::sqrt(3.0 * O);
+  EXPECT_GT(rms, 0.2 * estimate) << "estimate far too pessimistic";
+  EXPECT_LT(rms, 2.0 * estimate) << "estimate too optimistic";
+}
+
+TEST_F(CometPayloadTest, ConvolutionWeightGradientErrorMatchesTheDerivation) {
+  LayerParameter lp;
+  ConvolutionParameter* cp = lp.mutable_convolution_param();
+  cp->set_num_output(6);
+  cp->add_kernel_size(3);
+  cp->mutable_weight_filler()->set_type("gaussian");
+  std::vector<int> shape(4);
+  shape[0] = 4; shape[1] = 5; shape[2] = 12; shape[3] = 12;
+  CheckGradientError<ConvolutionLayer<float> >(lp, shape, 1e-2);
+  CheckGradientError<ConvolutionLayer<float> >(lp, shape, 1e-3);
+}
+
+TEST_F(CometPayloadTest, InnerProductWeightGradientErrorMatchesTheDerivation) {
+  LayerParameter lp;
+  lp.mutable_inner_product_param()->set_num_output(10);
+  lp.mutable_inner_product_param()->mutable_weight_filler()->set_type("gaussian");
+  std::vector<int> shape(2);
+  shape[0] = 32; shape[1] = 200;
+  CheckGradientError<InnerProductLayer<float> >(lp, shape, 1e-2);
+}
+
+// ---------------------------------------------------------------- the store in a training run
+
+class CometStoreTest : public ::testing::Test {
+ protected:
+  virtual void SetUp() { Caffe::set_mode(Caffe::CPU); }
+
+  static std::string Net() {
+    return
+        "name: 'cometnet' "
+        "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+        "  dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
+        "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
+        "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+        "  convolution_param { num_output: 8 kernel_size: 3 pad: 1 "
+        "    weight_filler { type: 'gaussian' std: 0.1 } bias_filler { type: 'constant' value: 0.1 } } } "
+        "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+        "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+        "  pooling_param { pool: MAX kernel_size: 2 stride: 2 } } "
+        "layer { name: 'conv2' type: 'Convolution' bottom: 'pool1' top: 'conv2' "
+        "  convolution_param { num_output: 8 kernel_size: 3 pad: 1 "
+        "    weight_filler { type: 'gaussian' std: 0.1 } bias_filler { type: 'constant' value: 0.1 } } } "
+        "layer { name: 'relu2' type: 'ReLU' bottom: 'conv2' top: 'conv2' } "
+        "layer { name: 'ip1' type: 'InnerProduct' bottom: 'conv2' top: 'ip1' "
+        "  inner_product_param { num_output: 4 weight_filler { type: 'gaussian' std: 0.05 } } } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip1' bottom: 'label' top: 'loss' } ";
+  }
+
+  shared_ptr<Solver<float> > MakeSolver(const std::string& comet) {
+    SolverParameter sp;
+    const std::string text =
+        "base_lr: 0.01 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
+        "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet;
+    CHECK(google::protobuf::TextFormat::ParseFromString(text, &sp));
+    CHECK(google::protobuf::TextFormat::ParseFromString(Net(), sp.mutable_net_param()));
+    return shared_ptr<Solver<float> >(SolverRegistry<float>::CreateSolver(sp));
+  }
+
+  static std::vector<float> Params(Solver<float>* s) {
+    std::vector<float> out;
+    const std::vector<Blob<float>*>& ps = s->net()->learnable_params();
+    for (int i = 0; i < ps.size(); ++i)
+      out.insert(out.end(), ps[i]->cpu_data(), ps[i]->cpu_data() + ps[i]->count());
+    return out;
+  }
+
+  // Runs n iterations from a fixed random state, so two solvers see the same DummyData.
+  static void Run(Solver<float>* s, int n) {
+    Caffe::set_random_seed(4242);
+    s->Step(n);
+  }
+
+  std::string prefix_;
+
+ public:
+  CometStoreTest() { MakeTempFilename(&prefix_); }
+};
+
+// Masks, releases and freed diffs are exact: training must match COMET off bit for bit.
+TEST_F(CometStoreTest, ExactStagesAreBitIdenticalToCometOff) {
+  shared_ptr<Solver<float> > off = MakeSolver("");
+  shared_ptr<Solver<float> > on = MakeSolver("comet { compress_type: 'None' }");
+  EXPECT_FALSE(off->comet());
+  ASSERT_TRUE(on->comet());
+  Run(off.get(), 5);
+  Run(on.get(), 5);
+  const std::vector<float> a = Params(off.get()), b = Params(on.get());
+  ASSERT_EQ(a.size(), b.size());
+  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;
+  // and they did something: conv1's output is stored as a mask
+  bool mask = false;
+  for (int e = 0; e < on->comet()->entries().size(); ++e)
+    mask |= on->comet()->entries()[e].action == CometStore<float>::MASK;
+  EXPECT_TRUE(mask);
+}
+
+TEST_F(CometStoreTest, DisabledBlockMeansNoStore) {
+  EXPECT_FALSE(MakeSolver("comet { enabled: false }")->comet());
+}
+
+TEST_F(CometStoreTest, LossyTrainingStaysCloseAndSavesMemory) {
+  shared_ptr<Solver<float> > off = MakeSolver(
+      "comet { compress_type: 'None' relu_masks: false release_unused: false "
+      "release_diffs: false }");  // a store that only measures
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-4 }");
+  Run(off.get(), 5);
+  Run(on.get(), 5);
+  const std::vector<float> a = Params(off.get()), b = Params(on.get());
+  float diff = MaxAbsDiff(a.data(), b.data(), a.size());
+  EXPECT_GT(diff, 0.f) << "lossy compression had no effect at all?";
+  EXPECT_LT(diff, 1e-3f);
+  const CometMemory& m_off = off->comet()->memory();
+  const CometMemory& m_on = on->comet()->memory();
+  // Expected: the measuring store holds every activation and diff of the net at once.
+  size_t acts = 0;
+  std::set<const SyncedMemory*> seen;
+  const std::vector<shared_ptr<Blob<float> > >& blobs = off->net()->blobs();
+  for (int i = 0; i < blobs.size(); ++i)
+    if (seen.insert(blobs[i]->data().get()).second) acts += blobs[i]->count() * sizeof(float);
+  EXPECT_GE(m_off.peak[CometMemory::ACTIVATIONS], acts * 9 / 10);
+  EXPECT_LT(m_on.peak_total, m_off.peak_total);
+  // conv1's output (8x8x16x16 floats, 64 KB) and pool1's are never all dense at once with COMET
+  EXPECT_LE(m_on.peak_total + 64 * 1024, m_off.peak_total);
+  EXPECT_GT(m_on.peak[CometMemory::COMPRESSED], 0);
+}
+
+TEST_F(CometStoreTest, ReportsWithRatiosAndWritesStats) {
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-2 }");
+  Run(on.get(), 3);
+  const std::vector<CometStore<float>::Entry>& es = on->comet()->entries();
+  int reported = 0;
+  for (int e = 0; e < es.size(); ++e) {
+    if (es[e].action == CometStore<float>::LOSSY) {
+      EXPECT_GT(es[e].last_ratio, 1.0) << es[e].name;
+      EXPECT_FLOAT_EQ(es[e].last_eb, 1e-2f);
+      ++reported;
+    }
+  }
+  EXPECT_GE(reported, 2);  // pool1 for conv2, conv2 for ip1
+  std::ifstream csv((prefix_ + "_comet.csv").c_str());
+  ASSERT_TRUE(csv.good());
+  std::string header, line;
+  std::getline(csv, header);
+  EXPECT_EQ(header.find("iter,layer,blob,kind,ratio,eb"), 0u);
+  int rows = 0;
+  while (std::getline(csv, line)) ++rows;
+  EXPECT_GE(rows, 3 * (reported + 1));
+}
+
+TEST_F(CometStoreTest, NaNInAnActivationIsKeptNotLostNorACrash) {
+  shared_ptr<Solver<float> > off = MakeSolver("");
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  Solver<float>* solvers[] = {off.get(), on.get()};
+  for (int s = 0; s < 2; ++s) {
+    Blob<float>* w = solvers[s]->net()->layer_by_name("conv2")->blobs()[0].get();
+    w->mutable_cpu_data()[0] = std::numeric_limits<float>::quiet_NaN();
+    Run(solvers[s], 1);
+  }
+  // Same outcome as without COMET: the NaN reached the loss and the weights.
+  const float loss_off = off->net()->blob_by_name("loss")->cpu_data()[0];
+  const float loss_on = on->net()->blob_by_name("loss")->cpu_data()[0];
+  EXPECT_TRUE(std::isnan(loss_off));
+  EXPECT_TRUE(std::isnan(loss_on));
+  const float* ip_off = off->net()->layer_by_name("ip1")->blobs()[0]->cpu_data();
+  const float* ip_on = on->net()->layer_by_name("ip1")->blobs()[0]->cpu_data();
+  EXPECT_EQ(std::isnan(ip_off[0]), std::isnan(ip_on[0]));
+}
+
+TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
+  shared_ptr<Solver<float> > a = MakeSolver(
+      "comet { eb_mode: ADAPTIVE error_bound: 1e-1 update_interval: 2 adaptive_target: 0.01 "
+      "min_error_bound: 1e-6 max_error_bound: 1 }");
+  Run(a.get(), 4);
+  const float eb_conv2 = a->comet()->bound("conv2");
+  const float eb_ip1 = a->comet()->bound("ip1");
+  EXPECT_GT(eb_conv2, 0);
+  EXPECT_NE(eb_conv2, 1e-1f) << "the adaptive rule never moved the bound";
+  EXPECT_NE(eb_ip1, 1e-1f);
+  a->Snapshot();
+  const std::string state = prefix_ + "_iter_4.solverstate";
+  std::ifstream probe((prefix_ + "_iter_4.cometstate").c_str());
+  ASSERT_TRUE(probe.good());
+  shared_ptr<Solver<float> > b = MakeSolver(
+      "comet { eb_mode: ADAPTIVE error_bound: 1e-1 update_interval: 2 adaptive_target: 0.01 "
+      "min_error_bound: 1e-6 max_error_bound: 1 }");
+  EXPECT_FLOAT_EQ(b->comet()->bound("conv2"), 1e-1f);
+  b->Restore(state.c_str());
+  EXPECT_EQ(b->iter(), 4);
+  EXPECT_FLOAT_EQ(b->comet()->bound("conv2"), eb_conv2);
+  EXPECT_FLOAT_EQ(b->comet()->bound("ip1"), eb_ip1);
+}
+
+TEST_F(CometStoreTest, ForwardOnlyKeepsBlobsReadable) {
+  // pycaffe style: forward without backward, then read an intermediate blob.
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  shared_ptr<Solver<float> > off = MakeSolver("");
+  Caffe::set_random_seed(4242);
+  on->net()->Forward();
+  Caffe::set_random_seed(4242);
+  off->net()->Forward();
+  const Blob<float>* a = off->net()->blob_by_name("pool1").get();
+  const Blob<float>* b = on->net()->blob_by_name("pool1").get();
+  EXPECT_LE(MaxAbsDiff(a->cpu_data(), b->cpu_data(), a->count()), 1e-3f);
+  // a second forward drops the stored copies instead of decoding them
+  Caffe::set_random_seed(4242);
+  on->net()->Forward();
+  EXPECT_LE(MaxAbsDiff(a->cpu_data(), on->net()->blob_by_name("pool1")->cpu_data(), a->count()),
+            1e-3f);
+}
+
+TEST_F(CometStoreTest, CorruptStoredActivationIsDetected) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  on->net()->Forward();
+  shared_ptr<CometPayload>& p = on->net()->blob_by_name("pool1")->data()->comet_payload();
+  ASSERT_TRUE(p.get() != NULL);
+  static_cast<uint8_t*>(p->data())[p->bytes() - 3] ^= 0x01;
+  EXPECT_DEATH(on->net()->Backward(), "compressed data of blob 'pool1' is corrupt");
+}
+
+}  // namespace caffe
