@@ -37,7 +37,7 @@ boost::python::object CometStatsDict(Solver<Dtype>* solver) {
   out["layers"] = layers;
   bp::dict bounds;
   for (size_t b = 0; b < store->bounds().size(); ++b)
-    bounds[store->bounds()[b].layer] = store->bounds()[b].eb;
+    bounds[store->bounds()[b].layer] = store->bound(store->bounds()[b].layer);
   out["bounds"] = bounds;
   const CometMemory& m = store->memory();
   bp::dict current, peak, at_peak;

@@ -59,7 +59,7 @@ class CometStore : public Solver<Dtype>::Callback {
     std::vector<int> eb_layers;  // LOSSY: indices into bounds_ of the layers reading it
     shared_ptr<CometTiming> timing;
     // current display window
-    double dense_bytes, stored_bytes, encode_ms;
+    double dense_bytes, stored_bytes, encode_ms, eb_sum;
     int samples;
     // last reported window
     double last_ratio, last_ms, last_eb;
@@ -73,6 +73,7 @@ class CometStore : public Solver<Dtype>::Callback {
     bool fixed;        // set by the layer's comet_param.error_bound
     bool adapt;        // the adaptive rule applies (Convolution, InnerProduct)
     double est_error;  // last estimate of the relative weight-gradient error
+    int follow;        // LRN in ADAPTIVE mode: index of the bound it takes (-1: its own)
   };
 
   const std::vector<Entry>& entries() const { return entries_; }
@@ -102,6 +103,7 @@ class CometStore : public Solver<Dtype>::Callback {
   void Sample();
   void Report();
   float EntryBound(const Entry& e) const;
+  float bound(int b) const;  // effective bound of bounds_[b]
 
   Solver<Dtype>* solver_;
   Net<Dtype>* net_;

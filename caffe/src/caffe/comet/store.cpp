@@ -143,7 +143,9 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
     LOG(INFO) << "COMET: activation store on; error bounds "
               << (param_.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE ? "ADAPTIVE"
                                                                              : "FIXED")
-              << ", start " << param_.error_bound() << "\n" << Plan();
+              << ", start " << param_.error_bound();
+    std::istringstream plan(Plan());
+    for (std::string line; std::getline(plan, line);) LOG(INFO) << line;
   }
 }
 
@@ -244,7 +246,7 @@ void CometStore<Dtype>::MakePlan() {
     e.last_forward = last_fwd[g];
     e.last_backward = readers[g].empty() ? -1 : last_bwd[g];
     e.timing.reset(new CometTiming());
-    e.dense_bytes = e.stored_bytes = e.encode_ms = 0;
+    e.dense_bytes = e.stored_bytes = e.encode_ms = e.eb_sum = 0;
     e.samples = 0;
     e.last_ratio = e.last_ms = e.last_eb = 0;
     e.last_dense = e.last_stored = 0;
@@ -280,6 +282,7 @@ void CometStore<Dtype>::MakePlan() {
           CHECK_GT(bd.eb, 0) << "comet_param.error_bound of " << lp.name() << " must be > 0";
           bd.adapt = !bd.fixed && (lp.type() == "Convolution" || lp.type() == "InnerProduct");
           bd.est_error = -1;
+          bd.follow = -1;
           bound_of_layer_[i] = bounds_.size();
           bounds_.push_back(bd);
         }
@@ -292,6 +295,18 @@ void CometStore<Dtype>::MakePlan() {
     if (e.last_backward >= 0) after_backward_[e.last_backward].push_back(entries_.size());
     entries_.push_back(e);
   }
+  // An LRN layer has no weights to estimate from: in ADAPTIVE mode its bound follows the adaptive
+  // bound of the layer that reads its output (norm1 -> conv2), found in the entries they share.
+  for (int e = 0; e < entries_.size(); ++e) {
+    const std::vector<int>& ls = entries_[e].eb_layers;
+    int adaptive = -1;
+    for (int k = 0; k < ls.size(); ++k) if (bounds_[ls[k]].adapt) adaptive = ls[k];
+    for (int k = 0; k < ls.size() && adaptive >= 0; ++k) {
+      Bound& bd = bounds_[ls[k]];
+      if (!bd.adapt && !bd.fixed && bd.follow < 0) bd.follow = adaptive;
+    }
+  }
+
   // Activation diffs: free after the last layer whose backward touches them.
   diff_release_.assign(L, std::vector<int>());
   if (param_.release_diffs()) {
@@ -327,7 +342,7 @@ std::string CometStore<Dtype>::Plan() const {
   std::ostringstream os;
   for (int e = 0; e < entries_.size(); ++e) {
     const Entry& en = entries_[e];
-    os << "  COMET plan: blob " << en.blob << " -> " << ActionName(en.action) << " after "
+    os << "COMET plan: blob " << en.blob << " -> " << ActionName(en.action) << " after "
        << net_->layer_names()[en.last_forward] << " forward";
     if (en.action == LOSSY || en.action == MASK) os << ", for " << en.name << " backward";
     if (en.signs) os << " (+ sign mask)";
@@ -338,14 +353,19 @@ std::string CometStore<Dtype>::Plan() const {
 
 template <typename Dtype>
 float CometStore<Dtype>::EntryBound(const Entry& e) const {
-  float eb = bounds_[e.eb_layers[0]].eb;
-  for (int i = 1; i < e.eb_layers.size(); ++i) eb = std::min(eb, bounds_[e.eb_layers[i]].eb);
+  float eb = bound(e.eb_layers[0]);
+  for (int i = 1; i < e.eb_layers.size(); ++i) eb = std::min(eb, bound(e.eb_layers[i]));
   return eb;
 }
 
 template <typename Dtype>
+float CometStore<Dtype>::bound(int b) const {
+  return bounds_[b].follow >= 0 ? bounds_[bounds_[b].follow].eb : bounds_[b].eb;
+}
+
+template <typename Dtype>
 float CometStore<Dtype>::bound(const std::string& layer) const {
-  for (int b = 0; b < bounds_.size(); ++b) if (bounds_[b].layer == layer) return bounds_[b].eb;
+  for (int b = 0; b < bounds_.size(); ++b) if (bounds_[b].layer == layer) return bound(b);
   return -1;
 }
 
@@ -386,6 +406,7 @@ void CometStore<Dtype>::AfterForward(int layer) {
     const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
     shared_ptr<CometPayload> p;
     if (e.action == LOSSY) {
+      e.eb_sum += EntryBound(e);
       p = CometEncodeLossy(data, blob->shape(), dev, EntryBound(e), e.blob);
       if (e.signs) {
         p->sign_mask = CometEncodeMask(data, blob->count(), dev, e.blob);
@@ -542,7 +563,7 @@ void CometStore<Dtype>::Report() {
     e.last_stored = static_cast<size_t>(e.stored_bytes / e.samples);
     e.last_ratio = e.stored_bytes > 0 ? e.dense_bytes / e.stored_bytes : 0;
     e.last_ms = (e.encode_ms + e.timing->decode_ms) / e.samples;
-    e.last_eb = e.action == LOSSY ? EntryBound(e) : 0;
+    e.last_eb = e.action == LOSSY ? e.eb_sum / e.samples : 0;  // the bound actually used
     dense += e.last_dense;
     stored += e.last_stored;
     if (root) {
@@ -561,7 +582,7 @@ void CometStore<Dtype>::Report() {
                << "," << e.last_stored << ",,,,,,\n";
       }
     }
-    e.dense_bytes = e.stored_bytes = e.encode_ms = 0;
+    e.dense_bytes = e.stored_bytes = e.encode_ms = e.eb_sum = 0;
     e.timing->decode_ms = 0;
     e.samples = 0;
   }

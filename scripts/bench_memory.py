@@ -1,0 +1,177 @@
+"""COMET off and on side by side, in one run: CaffeNet training iterations on the CPU (or GPU).
+
+For each batch size, the fork's `caffe train` runs the shipped CaffeNet (models/bvlc_reference_caffenet)
+with its data layer replaced by DummyData (no dataset needed; the net is otherwise unchanged), first
+without a comet block, then with one. Each run is its own process, so its peak resident set size
+(ru_maxrss from wait4) is its own. Reported per run: peak RSS, the store's tracked peak and activation
+storage (COMET runs), and seconds per iteration after warm-up.
+
+    scripts/bench_memory [--batches 64 256] [--iters 3] [--warmup 1] [--gpu 0] [--markdown out.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cometctl import paths  # noqa: E402
+
+COMET_BLOCK = """comet {
+  eb_mode: ADAPTIVE
+  error_bound: 1e-3
+  adaptive_target: 0.05
+  update_interval: 200
+}
+"""
+
+
+def make_net(pb2, text_format, batch: int) -> str:
+    net = pb2.NetParameter()
+    text_format.Merge((ROOT / "models/bvlc_reference_caffenet/train_val.prototxt").read_text(), net)
+    layers = []
+    for layer in net.layer:
+        if any(rule.phase == pb2.TEST for rule in layer.include) or layer.type == "Accuracy":
+            continue
+        if layer.type == "Data":
+            crop = layer.transform_param.crop_size or 227
+            dummy = pb2.LayerParameter(name="data", type="DummyData", top=["data", "label"])
+            p = dummy.dummy_data_param
+            p.shape.add(dim=[batch, 3, crop, crop])
+            p.shape.add(dim=[batch])
+            p.data_filler.add(type="gaussian", std=50)
+            p.data_filler.add(type="uniform", min=0, max=119)
+            layer = dummy
+        layers.append(layer)
+    del net.layer[:]
+    net.layer.extend(layers)
+    return text_format.MessageToString(net)
+
+
+def run(caffe: Path, workdir: Path, name: str, net_text: str, comet: bool, iters: int, gpu):
+    net = workdir / f"{name}.prototxt"
+    net.write_text(net_text)
+    solver = workdir / f"{name}_solver.prototxt"
+    solver.write_text(
+        f'net: "{net}"\nbase_lr: 0.001\nmomentum: 0.9\nweight_decay: 0.0005\nlr_policy: "fixed"\n'
+        f'display: 1\nmax_iter: {iters}\nsnapshot: 0\nsnapshot_prefix: "{workdir / name}"\n'
+        f'solver_mode: {"GPU" if gpu is not None else "CPU"}\nrandom_seed: 1\n'
+        + (COMET_BLOCK if comet else ""))
+    cmd = [str(caffe), "train", "-solver", str(solver)]
+    if gpu is not None:
+        cmd += ["-gpu", str(gpu)]
+    log = workdir / f"{name}.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=workdir)
+        _, status, usage = os.wait4(proc.pid, 0)
+    text = log.read_text(errors="replace")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{name} failed; log: {log}\n" + "\n".join(text.splitlines()[-15:]))
+    return text, usage.ru_maxrss * 1024
+
+
+def iteration_times(text: str) -> list[float]:
+    """Seconds between consecutive 'Iteration N' lines (glog timestamps)."""
+    stamps = []
+    for m in re.finditer(r"^I\d{4,8} (\d\d:\d\d:\d\d\.\d+) .*solver\.cpp:\d+\] Iteration \d+ \(", text, re.M):
+        t = datetime.strptime(m.group(1), "%H:%M:%S.%f")
+        stamps.append(t.hour * 3600 + t.minute * 60 + t.second + t.microsecond / 1e6)
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+UNITS = {"KB": 2**10, "MB": 2**20, "GB": 2**30}
+
+
+def to_bytes(num: str, unit: str) -> float:
+    return float(num) * UNITS[unit]
+
+
+def comet_figures(text: str) -> dict:
+    lines = re.findall(r"COMET total: activations ([\d.]+) (\wB) -> ([\d.]+) (\wB) \(([\d.]+)x\), "
+                       r"peak memory ([\d.]+) (\wB)", text)
+    if not lines:
+        return {}
+    a, au, b, bu, ratio, p, pu = lines[-1]
+    return {"dense": to_bytes(a, au), "stored": to_bytes(b, bu), "ratio": float(ratio),
+            "tracked_peak": to_bytes(p, pu)}
+
+
+def mb(x: float) -> str:
+    return f"{x / 2**20:,.0f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--iters", type=int, default=3, help="timed iterations after warm-up")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--gpu", type=int, default=None, help="GPU id (default: CPU)")
+    ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--keep", type=Path, default=None, help="keep prototxts and logs in this folder")
+    args = ap.parse_args()
+
+    caffe = paths.tool_path("caffe", "cuda" if args.gpu is not None else None)
+    sys.path.insert(0, str(paths.pycaffe_dir("cuda" if args.gpu is not None else None)))
+    from caffe.proto import caffe_pb2 as pb2
+    from google.protobuf import text_format
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="comet-bench-") as tmp:
+        work = args.keep.resolve() if args.keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for batch in args.batches:
+            net = make_net(pb2, text_format, batch)
+            base = None
+            for comet in (False, True):
+                name = f"caffenet_b{batch}_{'on' if comet else 'off'}"
+                t0 = time.time()
+                text, rss = run(caffe, work, name, net, comet, args.warmup + args.iters, args.gpu)
+                times = iteration_times(text)[args.warmup - 1 if args.warmup else 0:]
+                per_iter = sum(times) / len(times) if times else float("nan")
+                fig = comet_figures(text)
+                row = {"batch": batch, "comet": "on" if comet else "off", "rss": rss,
+                       "s_per_iter": per_iter, **fig}
+                if base:
+                    row["rss_x"] = base["rss"] / rss
+                    row["time_pct"] = 100 * (per_iter / base["s_per_iter"] - 1)
+                else:
+                    base = row
+                rows.append(row)
+                print(f"{name}: peak RSS {mb(rss)} MB, {per_iter:.2f} s/iter"
+                      + (f", activations {mb(fig['dense'])} -> {mb(fig['stored'])} MB "
+                         f"({fig['ratio']:.1f}x), tracked peak {mb(fig['tracked_peak'])} MB" if fig else "")
+                      + f"  ({time.time() - t0:.0f} s)", flush=True)
+
+    device = f"GPU {args.gpu}" if args.gpu is not None else f"CPU ({os.cpu_count()} cores)"
+    out = [f"CaffeNet training on {device}, {args.iters} timed iterations after {args.warmup} warm-up; "
+           f"command: `scripts/bench_memory --batches {' '.join(map(str, args.batches))} "
+           f"--iters {args.iters} --warmup {args.warmup}"
+           + (f" --gpu {args.gpu}" if args.gpu is not None else "") + "`",
+           "",
+           "| batch | COMET | peak RSS (MB) | RSS off/on | stored activations (MB): dense -> compressed | "
+           "tracked peak (MB) | s/iter | time vs off |",
+           "|---:|:---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        act = f"{mb(r['dense'])} -> {mb(r['stored'])} ({r['ratio']:.1f}x)" if "ratio" in r else "-"
+        out.append(f"| {r['batch']} | {r['comet']} | {mb(r['rss'])} | "
+                   f"{r.get('rss_x', 1):.2f}x | {act} | "
+                   f"{mb(r['tracked_peak']) if 'tracked_peak' in r else '-'} | {r['s_per_iter']:.2f} | "
+                   f"{('%+.1f%%' % r['time_pct']) if 'time_pct' in r else '-'} |")
+    table = "\n".join(out)
+    print("\n" + table)
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
