@@ -236,3 +236,45 @@ def test_errors_are_one_line_without_traceback():
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().startswith("cometctl: error:")
+
+
+# ---------------------------------------------------------------- fetching
+
+def test_fetch_from_debian_with_a_private_apt_state(tmp_path, monkeypatch):
+    """What a fresh machine does: apt-get source with our own sources list and state folder."""
+    if os.environ.get("COMET_OFFLINE"):
+        pytest.skip("COMET_OFFLINE set")
+    with open(tmp_path / "log", "w") as log:
+        got = upstream.fetch_debian(PIN, tmp_path / "dl", log)
+    assert "sha256" in upstream.verify_archive(got, PIN)
+    assert not (tmp_path / "lists").exists()  # nothing written outside the temporary state
+
+
+def test_download_of_an_archive_then_verification(tmp_path):
+    """The GitHub path: any archive of the commit verifies by content; a tampered one does not."""
+    import functools
+    import http.server
+    import threading
+
+    tree = make_tree(tmp_path / "tree")
+    pin = fake_pin(tree)
+    serve = tmp_path / "www"
+    serve.mkdir()
+    tar_dir(tree, serve / "good.tar.gz", prefix="caffe-99bd997")
+    (tree / "src" / "b.cpp").write_text("int b() { return 9; }\n")
+    tar_dir(tree, serve / "bad.tar.gz", prefix="caffe-99bd997")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(serve))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        good = upstream.fetch_url(f"{base}/good.tar.gz", tmp_path / "good.tar.gz")
+        assert "content digest" in upstream.verify_archive(good, pin)
+        bad = upstream.fetch_url(f"{base}/bad.tar.gz", tmp_path / "bad.tar.gz")
+        with pytest.raises(CometError, match="refusing to build"):
+            upstream.verify_archive(bad, pin)
+        with pytest.raises(CometError, match="download of"):
+            upstream.fetch_url(f"{base}/missing.tar.gz", tmp_path / "m.tar.gz")
+        assert not (tmp_path / "m.tar.gz.part").exists()
+    finally:
+        httpd.shutdown()

@@ -452,4 +452,71 @@ TEST_F(CometStoreTest, CorruptStoredActivationIsDetected) {
   EXPECT_DEATH(on->net()->Backward(), "compressed data of blob 'pool1' is corrupt");
 }
 
+#ifndef CPU_ONLY
+// ---------------------------------------------------------------- GPU (run where a GPU is present)
+
+class CometGPUTest : public CometStoreTest {
+ protected:
+  virtual void SetUp() { Caffe::set_mode(Caffe::GPU); }
+};
+
+TEST_F(CometGPUTest, DeviceStreamsDecodeOnTheHostBitForBit) {
+  Blob<float> blob(4, 8, 13, 11);
+  FillActivations(&blob, 0.7f, 5.f, 11);
+  const float* d_in = blob.gpu_data();
+  shared_ptr<CometPayload> dev = CometEncodeLossy(d_in, blob.shape(), true, 1e-2, "x");
+  ASSERT_TRUE(dev->on_device());
+  Blob<float> back(blob.shape());
+  std::string error;
+  ASSERT_TRUE(CometDecode(*dev, back.mutable_gpu_data(), &error)) << error;
+  EXPECT_LE(MaxAbsDiff(blob.cpu_data(), back.cpu_data(), blob.count()), 1e-2);
+  // the same bytes decoded by the host decoder give the same values
+  shared_ptr<CometPayload> host(new CometPayload(CometPayload::LOSSY, false, blob.count(), "x"));
+  host->Allocate(dev->bytes());
+  CUDA_CHECK(cudaMemcpy(host->data(), dev->data(), dev->bytes(), cudaMemcpyDeviceToHost));
+  std::vector<float> h(blob.count());
+  ASSERT_TRUE(CometDecode(*host, h.data(), &error)) << error;
+  for (int i = 0; i < blob.count(); ++i) ASSERT_EQ(h[i], back.cpu_data()[i]) << i;
+}
+
+TEST_F(CometGPUTest, DeviceMasksMatchHostMasks) {
+  Blob<float> blob(3, 5, 7, 9);  // 945 values: a partial last word
+  FillActivations(&blob, 0.5f, 0.05f, 12);
+  shared_ptr<CometPayload> h = CometEncodeMask(blob.cpu_data(), blob.count(), false, "x");
+  shared_ptr<CometPayload> d = CometEncodeMask(blob.gpu_data(), blob.count(), true, "x");
+  ASSERT_TRUE(h.get() != NULL && d.get() != NULL);
+  EXPECT_EQ(h->mask_popcount, d->mask_popcount);
+  std::vector<uint32_t> words(h->bytes() / 4);
+  CUDA_CHECK(cudaMemcpy(words.data(), d->data(), h->bytes(), cudaMemcpyDeviceToHost));
+  for (int w = 0; w < words.size(); ++w)
+    ASSERT_EQ(words[w], static_cast<const uint32_t*>(h->data())[w]) << w;
+  Blob<float> out(blob.shape());
+  std::string error;
+  ASSERT_TRUE(CometDecode(*d, out.mutable_gpu_data(), &error)) << error;
+  for (int i = 0; i < blob.count(); ++i)
+    ASSERT_EQ(out.cpu_data()[i] > 0, blob.cpu_data()[i] > 0) << i;
+}
+
+TEST_F(CometGPUTest, ExactStagesAreBitIdenticalToCometOff) {
+  shared_ptr<Solver<float> > off = MakeSolver("");
+  shared_ptr<Solver<float> > on = MakeSolver("comet { compress_type: 'None' }");
+  Run(off.get(), 5);
+  Run(on.get(), 5);
+  const std::vector<float> a = Params(off.get()), b = Params(on.get());
+  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;
+}
+
+TEST_F(CometGPUTest, LossyTrainingStaysCloseAndSavesDeviceMemory) {
+  shared_ptr<Solver<float> > off = MakeSolver(
+      "comet { compress_type: 'None' relu_masks: false release_unused: false "
+      "release_diffs: false }");
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-4 }");
+  Run(off.get(), 5);
+  Run(on.get(), 5);
+  const std::vector<float> a = Params(off.get()), b = Params(on.get());
+  EXPECT_LT(MaxAbsDiff(a.data(), b.data(), a.size()), 1e-3f);
+  EXPECT_LT(on->comet()->memory().peak_total, off->comet()->memory().peak_total);
+}
+#endif  // CPU_ONLY
+
 }  // namespace caffe
