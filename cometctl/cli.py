@@ -169,15 +169,16 @@ def train(solver, gpu, cpu, snapshot, iters, run_dir):
 
 
 @main.command()
-@click.argument("run_dir", type=click.Path())
+@click.argument("run_dir", type=click.Path(), required=False)
 @click.option("--compare", type=click.Path(), default=None,
               help="Another run folder: its curves go on the same axes.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: RUN_DIR/report].")
 def report(run_dir, compare, out):
-    """Parse a run's caffe.log into CSV (train.csv and test.csv with parse_log.py's columns, comet.csv)
-    and draw PNG plots: loss and accuracy against iteration and, when the log has COMET lines,
-    compression ratio, error bound, memory and time per layer."""
+    """Parse a run's caffe.log (RUN_DIR, default: the latest run in runs/) into CSV (train.csv and
+    test.csv with parse_log.py's columns, comet.csv) and draw PNG plots: loss and accuracy against
+    iteration and, when the log has COMET lines, compression ratio, error bound, memory and time per
+    layer. --compare puts a second run on the same axes."""
     from .report import report as run
 
     run(run_dir, compare=compare, out=out)

@@ -1,0 +1,101 @@
+"""Shared fixtures. Workflow fixtures (prepare-dogs, train, report, models) are prefixed wf_."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+WF_REPO = Path(__file__).resolve().parents[2]
+
+
+def _built() -> bool:
+    from cometctl.errors import CometError
+    from cometctl.paths import pycaffe_dir, tool_path
+
+    try:
+        tool_path("caffe")
+        pycaffe_dir()
+        return True
+    except CometError:
+        return False
+
+
+WF_BUILT = _built()
+WF_NEEDS_BUILD = pytest.mark.skipif(not WF_BUILT, reason="the Caffe build is absent: run `cometctl build` "
+                                                         "(CI always builds it first)")
+
+
+@pytest.fixture(scope="session")
+def wf_pb2():
+    """caffe_pb2 of the built fork (or COMET_CAFFE_PB2 during development); skips without either."""
+    if not WF_BUILT and not os.environ.get("COMET_CAFFE_PB2"):
+        pytest.skip("the Caffe build is absent: run `cometctl build` (CI always builds it first)")
+    from cometctl.caffeproto import caffe_pb2
+
+    return caffe_pb2()
+
+
+@pytest.fixture(scope="session")
+def wf_synthetic_archives(tmp_path_factory):
+    """The embedded default archives (images.tar, lists.tar), generated once per session."""
+    from cometctl import synthetic
+
+    d = tmp_path_factory.mktemp("wf_synthetic_archives")
+    return synthetic.generate(d)
+
+
+@pytest.fixture(scope="session")
+def wf_synthetic(wf_pb2, wf_synthetic_archives, tmp_path_factory):
+    """A prepared synthetic data folder (64x64 LMDBs, mean, lists), made once per session."""
+    from cometctl.dogs import prepare_dogs
+
+    d = tmp_path_factory.mktemp("wf_synthetic")
+    for f in wf_synthetic_archives:
+        shutil.copy(f, d / f.name)
+    prepare_dogs(d, archive=d / "images.tar", lists=d / "lists.tar", size=64, jobs=2)
+    return d
+
+
+def wf_point_model_at(pb2, model_dir: Path, data_dir: Path, out_dir: Path, **solver_changes) -> Path:
+    """Copy a shipped model's solver and net into out_dir with the data paths pointed at data_dir
+    (the shipped files name data/dogs or data/synthetic in the repository). Returns the solver copy."""
+    from cometctl.caffeproto import read_text_proto, write_text_proto
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    solver = read_text_proto(model_dir / "solver.prototxt", pb2.SolverParameter())
+    net = read_text_proto(WF_REPO / solver.net, pb2.NetParameter())
+    batch = solver_changes.pop("batch", None)
+    for layer in net.layer:
+        if layer.type == "Data":
+            layer.data_param.source = str(data_dir / Path(layer.data_param.source).name)
+            layer.transform_param.mean_file = str(data_dir / "mean.binaryproto")
+            if batch:
+                layer.data_param.batch_size = batch
+    write_text_proto(out_dir / "train_val.prototxt", net)
+    solver.net = str(out_dir / "train_val.prototxt")
+    for k, v in solver_changes.items():
+        if k == "test_iter":
+            del solver.test_iter[:]
+            solver.test_iter.append(v)
+        else:
+            setattr(solver, k, v)
+    write_text_proto(out_dir / "solver.prototxt", solver)
+    return out_dir / "solver.prototxt"
+
+
+@pytest.fixture(scope="session")
+def wf_short_run(wf_pb2, wf_synthetic, tmp_path_factory):
+    """comet_tiny trained for 30 iterations on the synthetic set by `cometctl train --cpu`."""
+    if not WF_BUILT:
+        pytest.skip("the Caffe build is absent: run `cometctl build` (CI always builds it first)")
+    from cometctl.train import train
+
+    base = tmp_path_factory.mktemp("wf_short_run")
+    solver = wf_point_model_at(wf_pb2, WF_REPO / "models" / "comet_tiny", wf_synthetic, base / "model",
+                               test_interval=15, display=5, snapshot=0)
+    code = train(solver, cpu=True, iters=30, run_dir=base / "run")
+    assert code == 0, (base / "run" / "caffe.log").read_text()[-3000:]
+    return base / "run"
