@@ -1,0 +1,123 @@
+/* sz.h - C API of COMET's error-bounded lossy compressor for float32 activations.
+ *
+ * A stream is self-describing (see docs/sz.md, "Stream format"). Every finite value x
+ * comes back as x' with |x - x'| <= eb (absolute mode) or <= rel * (max - min) (relative
+ * mode); NaN, +Inf, -Inf and exact zeros come back exactly. Streams made by the CPU and the
+ * CUDA backend decode to the same values, bit for bit.
+ *
+ * All functions return SZ_OK (0) or a negative sz_status; sz_strerror() names it.
+ * Nothing here needs CUDA headers: CUDA streams are passed as void*.
+ */
+#ifndef SZ_SZ_H
+#define SZ_SZ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define SZ_API
+#else
+#define SZ_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SZ_MAX_DIMS 4
+#define SZ_HEADER_SIZE 104 /* bytes of the fixed stream header */
+
+typedef enum sz_status {
+  SZ_OK = 0,
+  SZ_ERR_PARAM = -1,       /* bad argument: NULL pointer, ndims, eb <= 0 or not finite, ... */
+  SZ_ERR_BUFFER = -2,      /* output buffer too small */
+  SZ_ERR_TRUNCATED = -3,   /* input shorter than the header says */
+  SZ_ERR_FORMAT = -4,      /* not an sz stream (bad magic) or unknown version */
+  SZ_ERR_CORRUPT = -5,     /* checksum mismatch or inconsistent lengths/offsets */
+  SZ_ERR_UNSUPPORTED = -6, /* valid stream, but this build cannot decode it (e.g. zstd) */
+  SZ_ERR_NOMEM = -7,       /* host allocation failed */
+  SZ_ERR_CUDA = -8,        /* CUDA runtime error, or library built without CUDA */
+  SZ_ERR_SCRATCH = -9      /* device scratch buffer too small */
+} sz_status;
+
+typedef enum sz_eb_mode {
+  SZ_EB_ABS = 0, /* eb is an absolute bound */
+  SZ_EB_REL = 1  /* eb is a fraction of (max - min) over the finite values */
+} sz_eb_mode;
+
+typedef enum sz_lossless {
+  SZ_LOSSLESS_NONE = 0,
+  SZ_LOSSLESS_ZSTD = 1 /* host only; default for sz_compress_host when built with zstd */
+} sz_lossless;
+
+typedef struct sz_params {
+  double eb;        /* error bound (> 0, finite); meaning given by mode */
+  int mode;         /* sz_eb_mode */
+  int lossless;     /* sz_lossless; SZ_LOSSLESS_ZSTD silently becomes NONE without zstd */
+  int zstd_level;   /* 0 = default (1); negative = zstd fast levels */
+  int nthreads;     /* worker threads; 0 = all hardware threads */
+} sz_params;
+
+typedef struct sz_header_info {
+  uint32_t version;
+  uint32_t ndims;
+  uint64_t dims[SZ_MAX_DIMS]; /* N, C, H, W order, innermost last; unused are 1 */
+  uint64_t n_elems;
+  int mode;                   /* sz_eb_mode the stream was made with */
+  double eb_requested;        /* eb as given by the caller */
+  double eb_abs;              /* absolute bound actually guaranteed */
+  int lossless;               /* sz_lossless */
+  uint64_t stream_size;       /* total bytes of the stream, header included */
+  uint64_t raw_payload_size;  /* payload bytes before the lossless stage */
+} sz_header_info;
+
+SZ_API const char* sz_strerror(int status);
+SZ_API const char* sz_version(void);
+SZ_API int sz_has_cuda(void); /* 1 when the library was built with the CUDA backend */
+
+/* Fills *p with defaults: eb, mode as given, zstd on if available, all threads. */
+SZ_API void sz_params_default(sz_params* p, double eb, int mode);
+
+/* Worst-case stream size for n_elems float32 values (any dims, any eb, any backend). */
+SZ_API size_t sz_compress_bound(size_t n_elems);
+
+/* Host compression. dims[0..ndims) in N,C,H,W order (ndims 1..4; a dim may be 0).
+ * Writes at most out_capacity bytes to out; *out_size gets the stream size. */
+SZ_API int sz_compress_host(const float* in, const size_t* dims, int ndims, double eb, int mode,
+                            void* out, size_t out_capacity, size_t* out_size);
+SZ_API int sz_compress_host_ex(const float* in, const size_t* dims, int ndims,
+                               const sz_params* params, void* out, size_t out_capacity,
+                               size_t* out_size);
+
+/* Host decompression into out[0..n) where n = product of the stream's dims <= out_elems. */
+SZ_API int sz_decompress_host(const void* in, size_t in_size, float* out, size_t out_elems);
+SZ_API int sz_decompress_host_ex(const void* in, size_t in_size, float* out, size_t out_elems,
+                                 int nthreads);
+
+/* Parses and validates the header (not the payload) of a stream of in_size bytes; returns
+ * SZ_ERR_TRUNCATED when in_size is less than the stream size the header states. */
+SZ_API int sz_read_header(const void* in, size_t in_size, sz_header_info* info);
+
+/* Same checks on the SZ_HEADER_SIZE bytes of a header alone (e.g. copied back from a device
+ * stream); the stream length is reported in info->stream_size but cannot be checked here. */
+SZ_API int sz_peek_header(const void* header, size_t header_size, sz_header_info* info);
+
+/* ---- CUDA backend (SZ_ERR_CUDA when built without it) ----------------------------------
+ * Buffers are device pointers; stream is a cudaStream_t (NULL = legacy default stream).
+ * scratch is caller-provided device memory of at least sz_device_scratch_size(n) bytes;
+ * the hot path allocates nothing. The functions enqueue their work on the stream and
+ * synchronise it once at the end to report the size / status to the host.
+ * Device streams use no lossless stage (SZ_LOSSLESS_NONE); the host decoder reads them,
+ * and the device decoder reads host streams made with SZ_LOSSLESS_NONE. */
+SZ_API size_t sz_device_scratch_size(size_t n_elems);
+SZ_API int sz_compress_device(const float* d_in, const size_t* dims, int ndims, double eb,
+                              int mode, void* d_out, size_t out_capacity, size_t* out_size,
+                              void* d_scratch, size_t scratch_size, void* stream);
+SZ_API int sz_decompress_device(const void* d_in, size_t in_size, float* d_out,
+                                size_t out_elems, void* d_scratch, size_t scratch_size,
+                                void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SZ_SZ_H */

@@ -1,0 +1,231 @@
+// blockpack.h - stage 3: per-block encoder (fixed-length bit packing, zero-block flag).
+//
+// Each block of up to 32 values gets a 16-bit descriptor and a variable number of data bytes.
+// The stream keeps one flag bit per block (zero block or not) and the descriptors of flagged
+// blocks in separate arrays, so every block's offset follows from them alone (prefix sums):
+//   desc == 0x0000  all codes zero             -> 0 bytes
+//   desc == 0xFFFF  raw block (outlier inside) -> 4*L bytes, the floats verbatim (LE)
+//   otherwise       bits 0-4 k, bit 5 predictor, bit 6 signs present, bits 7-12 nnz (1..L),
+//                   bits 13-15 zero. Data: [u32 nonzero bitmap if nnz < L]
+//                   [nnz sign bits if signs] [nnz fields of k bits: |c|-1], each part
+//                   LSB-first and padded to a byte.
+// The encoder tries both predictors and keeps the smaller block (ties: no prediction).
+// (A 5-bit position list instead of the bitmap for very sparse blocks was measured: it
+// shrinks the raw payload but the zstd stage then loses more than was gained.)
+#pragma once
+#include "common.h"
+#include "quantizer.h"
+#include "predictor.h"
+
+namespace szi {
+
+constexpr uint32_t kBadSize = 0xFFFFFFFFu;
+
+// Two loop shapes produce the same bytes: kCompact (CPU default) first gathers the nonzero
+// codes into a dense array, which avoids branch mispredictions on sparse data; the other
+// (GPU default) walks the block with a predicate and indexes arrays with loop counters only,
+// so that an unrolled block stays in registers. test_stages checks that both agree.
+#ifdef __CUDA_ARCH__
+constexpr bool kCompactDefault = false;
+#else
+constexpr bool kCompactDefault = true;
+#endif
+
+// Data bytes of a block with descriptor desc and L elements; kBadSize when invalid.
+SZ_HD uint32_t block_data_size(uint16_t desc, int L) {
+  if (desc == kDescZero) return 0;
+  if (desc == kDescRaw) return 4u * (uint32_t)L;
+  uint32_t k = desc & 31u, signs = (desc >> 6) & 1u, nnz = (desc >> 7) & 63u;
+  if ((desc >> 13) != 0 || nnz == 0 || nnz > (uint32_t)L) return kBadSize;
+  return (nnz < (uint32_t)L ? 4u : 0u) + (signs ? (nnz + 7) / 8 : 0u) + (nnz * k + 7) / 8;
+}
+
+struct CodeStats {
+  uint32_t bitmap;  // nonzero codes
+  int nnz;
+  uint32_t maxm;    // OR of |c| - 1 over nonzeros (same bit width as the max)
+  bool neg;
+};
+
+SZ_HD CodeStats code_stats(const int32_t* c, int L) {
+  // Branch-free and vectorizable: the OR of the (|c|-1) values has the same bit width as
+  // their maximum, which is all the encoder needs.
+  uint32_t orm = 0, neg = 0;
+  int nnz = 0;
+  for (int i = 0; i < L; ++i) {
+    int32_t v = c[i];
+    uint32_t nz = v != 0;
+    uint32_t mag = v < 0 ? (uint32_t)0 - (uint32_t)v : (uint32_t)v;
+    orm |= mag - nz;  // |c| - 1 for nonzeros, 0 for zeros
+    nnz += (int)nz;
+    neg |= (uint32_t)v >> 31;
+  }
+  uint32_t bitmap = 0;
+  if (nnz != 0 && nnz != L)
+    for (int i = 0; i < L; ++i) bitmap |= (uint32_t)(c[i] != 0) << i;
+  else if (nnz == L)
+    bitmap = L == 32 ? 0xFFFFFFFFu : ((1u << L) - 1u);
+  return CodeStats{bitmap, nnz, orm, neg != 0};
+}
+
+SZ_HD uint16_t make_desc(const CodeStats& s, int pred) {
+  if (s.nnz == 0) return kDescZero;
+  return (uint16_t)(bit_width32(s.maxm) | (pred << 5) | ((s.neg ? 1 : 0) << 6) | (s.nnz << 7));
+}
+
+// Encodes one block. Writes the descriptor to *desc and, when out != nullptr, the data
+// bytes to out. Returns the number of data bytes.
+template <bool kCompact = kCompactDefault>
+SZ_HD uint32_t encode_block(const float* x, int L, uint64_t row_pos, uint64_t W,
+                            const QuantParams& p, uint16_t* desc, uint8_t* out) {
+  int32_t q[kBlock], c[kBlock];
+  if (!quantize_block(x, L, p, q)) {
+    *desc = kDescRaw;
+    if (out)
+      for (int i = 0; i < L; ++i) store_u32le(out + 4 * i, f2u(x[i]));
+    return 4u * (uint32_t)L;
+  }
+  CodeStats s0 = code_stats(q, L);
+  if (s0.nnz == 0) { *desc = kDescZero; return 0; }
+  lorenzo_forward(q, L, row_pos, W, c);
+  CodeStats s1 = code_stats(c, L);
+  uint16_t d0 = make_desc(s0, kPredNone), d1 = make_desc(s1, kPredLorenzo);
+  uint32_t z0 = block_data_size(d0, L), z1 = block_data_size(d1, L);
+  bool use1 = z1 < z0;
+  const CodeStats& s = use1 ? s1 : s0;
+  *desc = use1 ? d1 : d0;
+  uint32_t size = use1 ? z1 : z0;
+  if (!out) return size;
+  int32_t code[kBlock];
+  for (int i = 0; i < L; ++i) code[i] = use1 ? c[i] : q[i];
+  uint8_t* o = out;
+  if (s.nnz < L) { store_u32le(o, s.bitmap); o += 4; }
+  const int k = bit_width32(s.maxm);
+  uint64_t acc = 0;
+  int nb = 0;
+  if (kCompact) {
+    // gather the nonzero codes (branch-free), then pack fixed-width fields
+    // slot of element i = number of nonzeros before it: no loop-carried dependency; a zero
+    // writes a slot that the next nonzero (or the spare last slot) overwrites
+    uint32_t mags[kBlock + 1], sign = 0;
+    for (int i = 0; i < L; ++i) {
+      int32_t v = code[i];
+      int j = popc32(s.bitmap & ((2u << i) - 1u)) - (int)(v != 0);
+      uint32_t mag = v < 0 ? (uint32_t)0 - (uint32_t)v : (uint32_t)v;
+      mags[j] = mag - 1u;
+      sign |= (uint32_t)(v < 0) << j;
+    }
+    if (s.neg)
+      for (int b = 0; b < (s.nnz + 7) / 8; ++b) *o++ = (uint8_t)(sign >> (8 * b));
+    if (k) {
+      for (int t = 0; t < s.nnz; ++t) {
+        acc |= (uint64_t)mags[t] << nb;  // nb < 32 and k <= 31: no overflow
+        nb += k;
+        if (nb >= 32) { store_u32le(o, (uint32_t)acc); o += 4; acc >>= 32; nb -= 32; }
+      }
+    }
+  } else {
+    uint32_t sign = 0;
+    int j = 0;
+    for (int i = 0; i < L; ++i) {
+      sign |= (uint32_t)(code[i] < 0) << j;
+      j += code[i] != 0;
+    }
+    if (s.neg)
+      for (int b = 0; b < (s.nnz + 7) / 8; ++b) *o++ = (uint8_t)(sign >> (8 * b));
+    if (k) {
+      for (int i = 0; i < L; ++i) {
+        int32_t v = code[i];
+        if (v == 0) continue;
+        uint32_t mag = v < 0 ? (uint32_t)0 - (uint32_t)v : (uint32_t)v;
+        acc |= (uint64_t)(mag - 1u) << nb;
+        nb += k;
+        if (nb >= 32) { store_u32le(o, (uint32_t)acc); o += 4; acc >>= 32; nb -= 32; }
+      }
+    }
+  }
+  for (; nb > 0; nb -= 8) { *o++ = (uint8_t)acc; acc >>= 8; }
+  return size;
+}
+
+// Decodes one block whose data (block_data_size(desc, L) bytes, already bounds-checked by
+// the caller) starts at d. Returns false when the data contradicts the descriptor.
+template <bool kCompact = kCompactDefault>
+SZ_HD bool decode_block(const uint8_t* d, uint16_t desc, int L, uint64_t row_pos, uint64_t W,
+                        float two_eb, float* y) {
+  if (desc == kDescZero) {
+    for (int i = 0; i < L; ++i) y[i] = 0.0f;
+    return true;
+  }
+  if (desc == kDescRaw) {
+    for (int i = 0; i < L; ++i) y[i] = u2f(load_u32le(d + 4 * i));
+    return true;
+  }
+  int k = desc & 31, pred = (desc >> 5) & 1, signs = (desc >> 6) & 1, nnz = (desc >> 7) & 63;
+  const uint8_t* const end = d + block_data_size(desc, L);  // the reader stays below end
+  uint32_t full = L == 32 ? 0xFFFFFFFFu : ((1u << L) - 1u);
+  uint32_t bitmap = full;
+  if (nnz < L) { bitmap = load_u32le(d); d += 4; }
+  // read the nnz sign bits and k-bit fields into compact arrays, then scatter (branch-free)
+  uint32_t sign = 0;
+  if (signs) {
+    for (int b = 0; b < (nnz + 7) / 8; ++b) sign |= (uint32_t)d[b] << (8 * b);
+    d += (nnz + 7) / 8;
+  }
+  uint64_t acc = 0;
+  int nb = 0;
+  if ((bitmap & ~full) != 0 || popc32(bitmap) != nnz) return false;
+  const uint32_t kmask = k ? 0xFFFFFFFFu >> (32 - k) : 0u;
+  int32_t c[kBlock];
+  if (kCompact) {
+    // read the signed values into a dense array, then scatter (branch-free)
+    int32_t vals[kBlock + 1];
+    for (int t = 0; t < nnz; ++t) {
+      uint32_t m = 0;
+      if (k) {
+        if (nb < k) {
+          if (end - d >= 4) { acc |= (uint64_t)load_u32le(d) << nb; d += 4; nb += 32; }
+          else while (nb < k) { acc |= (uint64_t)(*d++) << nb; nb += 8; }
+        }
+        m = (uint32_t)acc & kmask;
+        acc >>= k;
+        nb -= k;
+      }
+      uint32_t mag = m + 1u;
+      vals[t] = (int32_t)((sign >> t) & 1u ? (uint32_t)0 - mag : mag);
+    }
+    vals[nnz] = 0;
+    int t = 0;
+    for (int i = 0; i < L; ++i) {
+      uint32_t bit = (bitmap >> i) & 1u;
+      c[i] = (int32_t)((uint32_t)vals[t] & ((uint32_t)0 - bit));
+      t += (int)bit;
+    }
+  } else {
+    int t = 0;
+    for (int i = 0; i < L; ++i) {
+      uint32_t v = 0;
+      if ((bitmap >> i) & 1u) {
+        uint32_t m = 0;
+        if (k) {
+          if (nb < k) {
+          if (end - d >= 4) { acc |= (uint64_t)load_u32le(d) << nb; d += 4; nb += 32; }
+          else while (nb < k) { acc |= (uint64_t)(*d++) << nb; nb += 8; }
+        }
+          m = (uint32_t)acc & kmask;
+          acc >>= k;
+          nb -= k;
+        }
+        uint32_t mag = m + 1u;
+        v = (sign >> t) & 1u ? (uint32_t)0 - mag : mag;
+        t++;
+      }
+      c[i] = (int32_t)v;
+    }
+  }
+  if (pred == kPredLorenzo) lorenzo_inverse(c, L, row_pos, W);
+  for (int i = 0; i < L; ++i) y[i] = recon(c[i], two_eb);
+  return true;
+}
+
+}  // namespace szi

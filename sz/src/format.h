@@ -1,0 +1,143 @@
+// format.h - the stream header: layout, writer and validating reader (host and device).
+//
+// Offset Size Field (all little-endian)
+//   0     4   magic "SZAC"
+//   4     2   format version (1)
+//   6     2   header size (104)
+//   8     1   dtype (1 = float32)
+//   9     1   ndims (1..4)
+//  10     1   error-bound mode (0 abs, 1 rel)
+//  11     1   predictor (1 = per-block choice of none / 1-D Lorenzo on codes)
+//  12     1   encoder (1 = blockpack32)
+//  13     1   lossless stage (0 none, 1 zstd chunks)
+//  14     2   block size (32)
+//  16    32   dims[4] u64, N C H W order, unused trailing dims are 1
+//  48     8   eb as requested (f64)
+//  56     4   absolute bound guaranteed (f32)
+//  60     4   lossless chunk size (raw bytes per zstd chunk; 0 when none)
+//  64     8   raw payload length (descriptors + block data, before lossless)
+//  72     8   stored payload length (bytes following the header)
+//  80     8   number of nonzero blocks (blocks whose descriptor is not the zero block)
+//  88     8   checksum of the stored payload
+//  96     8   checksum of header bytes 0..95
+// Payload (lossless none): block flags (1 bit per block, LSB first, set = not a zero block,
+// ceil(nblocks/8) bytes), a u16 descriptor per flagged block, then the flagged blocks' data in
+// block order. A zero block costs one bit.
+// Payload (zstd): u64 per chunk (compressed size; bit 63 set = stored uncompressed), then
+// the chunks; chunk i decompresses to min(chunk, raw - i*chunk) bytes of the raw payload.
+#pragma once
+#include "common.h"
+#include "checksum.h"
+#include "sz/sz.h"
+
+namespace szi {
+
+constexpr uint32_t kHeaderSize = 104;
+constexpr uint16_t kVersion = 1;
+constexpr uint64_t kMaxElems = 1ULL << 40;
+constexpr uint64_t kStoredFlag = 1ULL << 63;
+constexpr uint32_t kMinChunk = 4096, kMaxChunk = 1u << 30;
+
+struct Header {
+  uint8_t ndims = 1, mode = 0, predictor = 1, encoder = 1, lossless = 0;
+  uint64_t dims[4] = {1, 1, 1, 1};
+  double eb_req = 0;
+  float eb_abs = 0;
+  uint32_t chunk = 0;
+  uint64_t raw_len = 0, payload_len = 0, payload_sum = 0;
+  uint64_t nzb = 0;  // nonzero blocks
+
+  SZ_HD uint64_t n() const { return dims[0] * dims[1] * dims[2] * dims[3]; }
+  SZ_HD uint64_t nblocks() const { return div_up(n(), kBlock); }
+  SZ_HD uint64_t inner() const { return dims[ndims - 1]; }
+};
+
+SZ_HD uint64_t flag_bytes(uint64_t nb) { return div_up(nb, 8); }
+// 32 block flags starting at block 32*w (bytes past fb read as 0)
+SZ_HD uint32_t flag_word(const uint8_t* flags, uint64_t fb, uint64_t w) {
+  uint32_t v = 0;
+  for (uint64_t i = 0; i < 4; ++i)
+    if (4 * w + i < fb) v |= (uint32_t)flags[4 * w + i] << (8 * i);
+  return v;
+}
+
+SZ_HD uint64_t raw_len_bound(uint64_t n) {
+  uint64_t nb = div_up(n, kBlock);
+  return flag_bytes(nb) + 2 * nb + 4 * n;
+}
+
+SZ_HD void write_header(uint8_t* p, const Header& h) {
+  for (uint32_t i = 0; i < kHeaderSize; ++i) p[i] = 0;
+  p[0] = 'S'; p[1] = 'Z'; p[2] = 'A'; p[3] = 'C';
+  store_u16le(p + 4, kVersion);
+  store_u16le(p + 6, (uint16_t)kHeaderSize);
+  p[8] = 1; p[9] = h.ndims; p[10] = h.mode; p[11] = h.predictor; p[12] = h.encoder;
+  p[13] = h.lossless;
+  store_u16le(p + 14, (uint16_t)kBlock);
+  for (int i = 0; i < 4; ++i) store_u64le(p + 16 + 8 * i, h.dims[i]);
+  store_u64le(p + 48, d2u(h.eb_req));
+  store_u32le(p + 56, f2u(h.eb_abs));
+  store_u32le(p + 60, h.chunk);
+  store_u64le(p + 64, h.raw_len);
+  store_u64le(p + 72, h.payload_len);
+  store_u64le(p + 80, h.nzb);
+  store_u64le(p + 88, h.payload_sum);
+  uint64_t s = 0;
+  for (uint64_t i = 0; i < 24; ++i) s += checksum_term(i, load_u32le(p + 4 * i));
+  store_u64le(p + 96, s);
+}
+
+// Validates everything the header alone can tell. avail = bytes available at p.
+// Does not verify the payload checksum.
+SZ_HD int parse_header(const uint8_t* p, uint64_t avail, Header* h) {
+  const char magic[4] = {'S', 'Z', 'A', 'C'};
+  for (uint64_t i = 0; i < 4 && i < avail; ++i)
+    if (p[i] != (uint8_t)magic[i]) return SZ_ERR_FORMAT;
+  if (avail < kHeaderSize) return SZ_ERR_TRUNCATED;
+  if (load_u16le(p + 4) != kVersion || load_u16le(p + 6) != kHeaderSize) return SZ_ERR_FORMAT;
+  uint64_t s = 0;
+  for (uint64_t i = 0; i < 24; ++i) s += checksum_term(i, load_u32le(p + 4 * i));
+  if (s != load_u64le(p + 96)) return SZ_ERR_CORRUPT;
+  if (p[8] != 1) return SZ_ERR_UNSUPPORTED;  // dtype
+  h->ndims = p[9]; h->mode = p[10]; h->predictor = p[11]; h->encoder = p[12];
+  h->lossless = p[13];
+  if (h->ndims < 1 || h->ndims > 4 || h->mode > 1) return SZ_ERR_CORRUPT;
+  if (h->predictor != 1 || h->encoder != 1 || h->lossless > 1) return SZ_ERR_UNSUPPORTED;
+  if (load_u16le(p + 14) != kBlock) return SZ_ERR_UNSUPPORTED;
+  uint64_t n = 1;
+  bool zero = false;
+  for (int i = 0; i < 4; ++i) {
+    uint64_t d = load_u64le(p + 16 + 8 * i);
+    h->dims[i] = d;
+    if (i >= h->ndims && d != 1) return SZ_ERR_CORRUPT;
+    if (d == 0) zero = true;
+    else if (!zero) {
+      if (d > kMaxElems || n * d > kMaxElems) return SZ_ERR_CORRUPT;
+      n *= d;
+    }
+  }
+  if (zero) n = 0;
+  h->eb_req = u2d(load_u64le(p + 48));
+  h->eb_abs = u2f(load_u32le(p + 56));
+  h->chunk = load_u32le(p + 60);
+  h->raw_len = load_u64le(p + 64);
+  h->payload_len = load_u64le(p + 72);
+  h->payload_sum = load_u64le(p + 88);
+  h->nzb = load_u64le(p + 80);
+  if (!(h->eb_req > 0.0) || !(h->eb_req < INFINITY)) return SZ_ERR_CORRUPT;
+  if (!(h->eb_abs >= 0.0f) || !(h->eb_abs < INFINITY)) return SZ_ERR_CORRUPT;
+  uint64_t nb = div_up(n, kBlock);
+  if (h->nzb > nb) return SZ_ERR_CORRUPT;
+  if (h->raw_len < flag_bytes(nb) + 2 * h->nzb || h->raw_len > raw_len_bound(n)) return SZ_ERR_CORRUPT;
+  if (h->lossless == 0) {
+    if (h->payload_len != h->raw_len || h->chunk != 0) return SZ_ERR_CORRUPT;
+  } else {
+    if (h->chunk < kMinChunk || h->chunk > kMaxChunk) return SZ_ERR_CORRUPT;
+    uint64_t nch = div_up(h->raw_len, h->chunk);
+    if (h->payload_len < 8 * nch || h->payload_len > 8 * nch + h->raw_len) return SZ_ERR_CORRUPT;
+  }
+  if (h->payload_len > avail - kHeaderSize) return SZ_ERR_TRUNCATED;
+  return SZ_OK;
+}
+
+}  // namespace szi

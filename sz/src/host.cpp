@@ -1,0 +1,422 @@
+// host.cpp - CPU backend and the host half of the C API.
+// Blocks are split into one contiguous range per thread; each thread quantizes, predicts and
+// packs its blocks (the shared per-block code in blockpack.h) into a private buffer; a prefix
+// sum over the thread totals places the pieces; the lossless stage runs on chunks.
+#include "sz/sz.h"
+#include "format.h"
+#include "blockpack.h"
+#include "lossless.h"
+#include <stdlib.h>
+#include <string.h>
+#include <float.h>
+#include <atomic>
+#include <memory>
+#include <vector>
+#include "parallel.h"
+
+using namespace szi;
+
+// The hot loops are compiled twice (AVX2 and baseline x86-64), the right one picked at load
+// time. Same IEEE operations either way (no contraction, no fast-math), so the same stream.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(SZ_NO_CLONES)
+#define SZ_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SZ_CLONES
+#endif
+
+namespace szi {
+unsigned hardware_threads() {
+  unsigned h = std::thread::hardware_concurrency();
+  return h ? h : 1;
+}
+}  // namespace szi
+
+namespace {
+
+int pick_threads(int requested, uint64_t n) {
+  int t = requested > 0 ? requested : (int)hardware_threads();
+  uint64_t cap = n / 65536 + 1;  // small tensors are not worth a team
+  if ((uint64_t)t > cap) t = (int)cap;
+  return t < 1 ? 1 : t;
+}
+
+struct FreeDeleter { void operator()(void* p) const { free(p); } };
+using Buf = std::unique_ptr<uint8_t, FreeDeleter>;
+
+int make_dims(const size_t* dims, int ndims, Header* h) {
+  if (!dims || ndims < 1 || ndims > SZ_MAX_DIMS) return SZ_ERR_PARAM;
+  h->ndims = (uint8_t)ndims;
+  uint64_t n = 1;
+  bool zero = false;
+  for (int i = 0; i < 4; ++i) h->dims[i] = 1;
+  for (int i = 0; i < ndims; ++i) {
+    h->dims[i] = dims[i];
+    if (dims[i] == 0) zero = true;
+    else if (!zero) {
+      if (dims[i] > kMaxElems || n * dims[i] > kMaxElems) return SZ_ERR_PARAM;
+      n *= dims[i];
+    }
+  }
+  return SZ_OK;
+}
+
+SZ_CLONES void minmax_range(const float* x, uint64_t lo_i, uint64_t hi_i, float* lo, float* hi) {
+  float a = INFINITY, b = -INFINITY;
+  for (uint64_t i = lo_i; i < hi_i; ++i) {
+    float v = x[i];
+    bool fin = fabsf(v) <= FLT_MAX;  // false for NaN and Inf
+    a = fin && v < a ? v : a;
+    b = fin && v > b ? v : b;
+  }
+  *lo = a;
+  *hi = b;
+}
+
+void finite_range(const float* x, uint64_t n, int T, double* vmin, double* vmax, bool* any) {
+  std::vector<float> lo((size_t)T), hi((size_t)T);
+  parallel_run(T, [&](int t) {
+    uint64_t a, b;
+    share(n, t, T, &a, &b);
+    minmax_range(x, a, b, &lo[t], &hi[t]);
+  });
+  float l = INFINITY, h = -INFINITY;
+  for (int t = 0; t < T; ++t) { l = lo[t] < l ? lo[t] : l; h = hi[t] > h ? hi[t] : h; }
+  *any = l <= h;
+  *vmin = l;
+  *vmax = h;
+}
+
+uint64_t checksum_parallel(const uint8_t* p, uint64_t len, int T) {
+  if (len < (1u << 20)) T = 1;
+  const uint64_t nw = (len + 3) / 4;
+  std::vector<uint64_t> part((size_t)T, 0);
+  parallel_run(T, [&](int t) {
+    uint64_t a, b, s = 0;
+    share(nw, t, T, &a, &b);
+    for (uint64_t i = a; i < b; ++i) s += checksum_term(i, checksum_word(p, len, i));
+    part[t] = s;
+  });
+  uint64_t s = 0;
+  for (uint64_t v : part) s += v;
+  return s;
+}
+
+
+SZ_CLONES uint64_t encode_range(const float* in, uint64_t n, uint64_t b0, uint64_t b1, uint64_t W,
+                                const QuantParams& qp, uint16_t* desc_full, uint8_t* mine) {
+  uint64_t pos = 0;
+  uint64_t row_pos = (b0 * kBlock) % W;
+  for (uint64_t b = b0; b < b1; ++b) {
+    const uint64_t first = b * kBlock;
+    const int L = (int)(n - first < (uint64_t)kBlock ? n - first : kBlock);
+    uint16_t d;
+    pos += encode_block(in + first, L, row_pos, W, qp, &d, mine + pos);
+    desc_full[b] = d;
+    row_pos += kBlock;
+    if (row_pos >= W) row_pos %= W;
+  }
+  return pos;
+}
+
+// Block b's descriptor: 0 (zero block) unless its flag is set, then the next compact one.
+inline uint16_t next_desc(const uint8_t* flags, const uint8_t* descs, uint64_t b, uint64_t* r) {
+  if (!((flags[b >> 3] >> (b & 7)) & 1u)) return kDescZero;
+  return load_u16le(descs + 2 * (*r)++);
+}
+
+// Returns false on a block whose data contradicts its descriptor. r = rank of block b0
+// among the flagged blocks; pos = offset of block b0's data.
+SZ_CLONES bool decode_range(const uint8_t* flags, const uint8_t* descs, uint64_t r,
+                            const uint8_t* data, uint64_t pos, uint64_t n, uint64_t b0,
+                            uint64_t b1, uint64_t W, float two_eb, float* out) {
+  uint64_t row_pos = (b0 * kBlock) % W;
+  for (uint64_t b = b0; b < b1; ++b) {
+    const uint64_t first = b * kBlock;
+    const int L = (int)(n - first < (uint64_t)kBlock ? n - first : kBlock);
+    uint16_t d = next_desc(flags, descs, b, &r);
+    // pos + size <= data_len holds: sizes were validated and sum to data_len
+    if (!decode_block(data + pos, d, L, row_pos, W, two_eb, out + first)) return false;
+    pos += block_data_size(d, L);
+    row_pos += kBlock;
+    if (row_pos >= W) row_pos %= W;
+  }
+  return true;
+}
+
+// Worker t of T gets whole flag bytes: blocks [b0, b1) in units of 8.
+inline void share_blocks(uint64_t nb, int t, int T, uint64_t* b0, uint64_t* b1) {
+  uint64_t u0, u1;
+  share(div_up(nb, 8), t, T, &u0, &u1);
+  *b0 = u0 * 8 < nb ? u0 * 8 : nb;
+  *b1 = u1 * 8 < nb ? u1 * 8 : nb;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* sz_strerror(int status) {
+  switch (status) {
+    case SZ_OK: return "ok";
+    case SZ_ERR_PARAM: return "invalid argument";
+    case SZ_ERR_BUFFER: return "output buffer too small";
+    case SZ_ERR_TRUNCATED: return "truncated stream";
+    case SZ_ERR_FORMAT: return "not an sz stream or unknown format version";
+    case SZ_ERR_CORRUPT: return "corrupt stream (checksum, length or offset mismatch)";
+    case SZ_ERR_UNSUPPORTED: return "stream uses a feature this build or backend lacks";
+    case SZ_ERR_NOMEM: return "out of host memory";
+    case SZ_ERR_CUDA: return "CUDA error or library built without CUDA";
+    case SZ_ERR_SCRATCH: return "device scratch buffer too small";
+    default: return "unknown sz status";
+  }
+}
+
+const char* sz_version(void) { return "sz 1.0 (format 1)"; }
+
+void sz_params_default(sz_params* p, double eb, int mode) {
+  if (!p) return;
+  p->eb = eb;
+  p->mode = mode;
+  p->lossless = zstd_available() ? SZ_LOSSLESS_ZSTD : SZ_LOSSLESS_NONE;
+  p->zstd_level = 0;
+  p->nthreads = 0;
+}
+
+size_t sz_compress_bound(size_t n_elems) {
+  uint64_t raw = raw_len_bound(n_elems);
+  uint64_t packed = zstd_packed_bound(raw, kDefaultChunk);
+  return (size_t)(kHeaderSize + (packed > raw ? packed : raw));
+}
+
+int sz_compress_host(const float* in, const size_t* dims, int ndims, double eb, int mode,
+                     void* out, size_t out_capacity, size_t* out_size) {
+  sz_params p;
+  sz_params_default(&p, eb, mode);
+  return sz_compress_host_ex(in, dims, ndims, &p, out, out_capacity, out_size);
+}
+
+int sz_compress_host_ex(const float* in, const size_t* dims, int ndims, const sz_params* prm,
+                        void* out_v, size_t cap, size_t* out_size) {
+  if (!prm || !out_v || !out_size) return SZ_ERR_PARAM;
+  if (!(prm->eb > 0.0) || !(prm->eb < INFINITY)) return SZ_ERR_PARAM;
+  if (prm->mode != SZ_EB_ABS && prm->mode != SZ_EB_REL) return SZ_ERR_PARAM;
+  if (prm->lossless != SZ_LOSSLESS_NONE && prm->lossless != SZ_LOSSLESS_ZSTD) return SZ_ERR_PARAM;
+  Header h;
+  int st = make_dims(dims, ndims, &h);
+  if (st) return st;
+  const uint64_t n = h.n();
+  if (n && !in) return SZ_ERR_PARAM;
+  uint8_t* out = (uint8_t*)out_v;
+  if (cap < kHeaderSize) return SZ_ERR_BUFFER;
+  const int T = pick_threads(prm->nthreads, n);
+  h.mode = (uint8_t)prm->mode;
+  h.eb_req = prm->eb;
+  double eb_abs = prm->eb;
+  if (prm->mode == SZ_EB_REL) {
+    double lo, hi;
+    bool any;
+    finite_range(in, n, T, &lo, &hi, &any);
+    eb_abs = rel_to_abs(prm->eb, lo, hi, any);
+  }
+  h.eb_abs = eb_to_float(eb_abs);
+  const QuantParams qp = make_quant_params(h.eb_abs);
+  const bool zstd = prm->lossless == SZ_LOSSLESS_ZSTD && zstd_available() && n > 0;
+  h.lossless = zstd ? 1 : 0;
+  h.chunk = zstd ? kDefaultChunk : 0;
+
+  const uint64_t nb = h.nblocks(), W = n ? h.inner() : 1;
+  // Raw payload: [block flags][descriptors of flagged blocks][block data]. Workers encode
+  // whole flag bytes of blocks; worker 0 writes its data in place at the position it would
+  // have if no block were zero (moved down once the count is known), the others into private
+  // buffers that a prefix sum places behind it.
+  const uint64_t fb = flag_bytes(nb);
+  Buf raw_buf;
+  uint8_t* base;
+  if (!zstd) {
+    if (cap - kHeaderSize < fb + 2 * nb) return SZ_ERR_BUFFER;
+    base = out + kHeaderSize;
+  } else {
+    raw_buf.reset((uint8_t*)malloc(raw_len_bound(n)));  // pages are touched only as written
+    if (!raw_buf) return SZ_ERR_NOMEM;
+    base = raw_buf.get();
+  }
+  uint8_t* const provisional = base + fb + 2 * nb;
+  const uint64_t room0 = zstd ? ~0ull : cap - kHeaderSize - fb - 2 * nb;
+  std::vector<uint16_t> desc_full((size_t)nb);
+  std::vector<uint64_t> tsize((size_t)T + 1, 0), tcount((size_t)T + 1, 0);
+  std::vector<Buf> local((size_t)T);
+  std::atomic<int> err{SZ_OK};
+  bool in_place0 = false;
+  // phase 1: encode
+  parallel_run(T, [&](int t) {
+    uint64_t b0, b1;
+    share_blocks(nb, t, T, &b0, &b1);
+    if (b1 == b0) return;
+    uint8_t* dst;
+    if (t == 0 && (b1 - b0) * kBlock * 4 <= room0) {
+      dst = provisional;
+      in_place0 = true;
+    } else {
+      dst = (uint8_t*)malloc((b1 - b0) * kBlock * 4);
+      if (!dst) { err = SZ_ERR_NOMEM; return; }
+      local[t].reset(dst);
+    }
+    tsize[t + 1] = encode_range(in, n, b0, b1, W, qp, desc_full.data(), dst);
+    uint64_t c = 0;
+    for (uint64_t b = b0; b < b1; ++b) c += desc_full[b] != kDescZero;
+    tcount[t + 1] = c;
+  });
+  if (err != SZ_OK) return err;
+  for (int t = 0; t < T; ++t) {
+    tsize[t + 1] += tsize[t];
+    tcount[t + 1] += tcount[t];
+  }
+  h.nzb = tcount[T];
+  const uint64_t data_start = fb + 2 * h.nzb;
+  const uint64_t raw_len = data_start + tsize[T];
+  if (!zstd && cap - kHeaderSize < raw_len) return SZ_ERR_BUFFER;
+  if (in_place0) memmove(base + data_start, provisional, tsize[1]);
+  // phase 2: flags, compact descriptors, and the private pieces to their places
+  parallel_run(T, [&](int t) {
+    uint64_t b0, b1;
+    share_blocks(nb, t, T, &b0, &b1);
+    uint64_t r = tcount[t];
+    for (uint64_t b = b0; b < b1; b += 8) {
+      uint8_t f = 0;
+      for (uint64_t i = b; i < b + 8 && i < b1; ++i) {
+        uint16_t d = desc_full[i];
+        if (d == kDescZero) continue;
+        f |= (uint8_t)(1u << (i - b));
+        store_u16le(base + fb + 2 * r++, d);
+      }
+      base[b >> 3] = f;
+    }
+    if (local[t]) memcpy(base + data_start + tsize[t], local[t].get(), tsize[t + 1] - tsize[t]);
+  });
+  local.clear();
+
+  h.raw_len = raw_len;
+  if (zstd) {
+    uint64_t packed = 0;
+    int level = prm->zstd_level != 0 ? prm->zstd_level : 1;  // negative: zstd fast levels
+    st = zstd_pack(raw_buf.get(), raw_len, h.chunk, level, T, out + kHeaderSize,
+                   cap - kHeaderSize, &packed);
+    if (st) return st;
+    h.payload_len = packed;
+  } else {
+    h.payload_len = raw_len;
+  }
+  h.payload_sum = checksum_parallel(out + kHeaderSize, h.payload_len, T);
+  write_header(out, h);
+  *out_size = (size_t)(kHeaderSize + h.payload_len);
+  return SZ_OK;
+}
+
+static int header_info(const uint8_t* in, uint64_t avail, sz_header_info* info) {
+  Header h;
+  int st = parse_header(in, avail, &h);
+  if (st) return st;
+  info->version = kVersion;
+  info->ndims = h.ndims;
+  for (int i = 0; i < 4; ++i) info->dims[i] = h.dims[i];
+  info->n_elems = h.n();
+  info->mode = h.mode;
+  info->eb_requested = h.eb_req;
+  info->eb_abs = h.eb_abs;
+  info->lossless = h.lossless;
+  info->stream_size = kHeaderSize + h.payload_len;
+  info->raw_payload_size = h.raw_len;
+  return SZ_OK;
+}
+
+int sz_read_header(const void* in, size_t in_size, sz_header_info* info) {
+  if (!in || !info) return SZ_ERR_PARAM;
+  return header_info((const uint8_t*)in, in_size, info);
+}
+
+int sz_peek_header(const void* header, size_t header_size, sz_header_info* info) {
+  if (!header || !info) return SZ_ERR_PARAM;
+  if (header_size < kHeaderSize) return header_info((const uint8_t*)header, header_size, info);
+  // parse_header reads only the first kHeaderSize bytes; an unbounded size skips the length check
+  return header_info((const uint8_t*)header, ~(uint64_t)0, info);
+}
+
+int sz_decompress_host(const void* in, size_t in_size, float* out, size_t out_elems) {
+  return sz_decompress_host_ex(in, in_size, out, out_elems, 0);
+}
+
+int sz_decompress_host_ex(const void* in_v, size_t in_size, float* out, size_t out_elems,
+                          int nthreads) {
+  if (!in_v) return SZ_ERR_PARAM;
+  const uint8_t* in = (const uint8_t*)in_v;
+  Header h;
+  int st = parse_header(in, in_size, &h);
+  if (st) return st;
+  const uint64_t n = h.n(), nb = h.nblocks(), W = n ? h.inner() : 1;
+  if (out_elems < n) return SZ_ERR_BUFFER;
+  if (n && !out) return SZ_ERR_PARAM;
+  const int T = pick_threads(nthreads, n);
+  const uint8_t* payload = in + kHeaderSize;
+  if (checksum_parallel(payload, h.payload_len, T) != h.payload_sum) return SZ_ERR_CORRUPT;
+  Buf raw_buf;
+  const uint8_t* raw = payload;
+  if (h.lossless == 1) {
+    if (!zstd_available()) return SZ_ERR_UNSUPPORTED;
+    raw_buf.reset((uint8_t*)malloc(h.raw_len ? h.raw_len : 1));
+    if (!raw_buf) return SZ_ERR_NOMEM;
+    st = zstd_unpack(payload, h.payload_len, h.raw_len, h.chunk, T, raw_buf.get());
+    if (st) return st;
+    raw = raw_buf.get();
+  }
+  const uint64_t fb = flag_bytes(nb);
+  const uint8_t* flags = raw;
+  const uint8_t* descs = raw + fb;
+  const uint8_t* data = descs + 2 * h.nzb;  // parse_header checked raw_len >= fb + 2 nzb
+  const uint64_t data_len = h.raw_len - fb - 2 * h.nzb;
+  const float two_eb = make_quant_params(h.eb_abs).two_eb;
+  // flags: no bits past the last block, and exactly nzb set; rank of each worker's first block
+  if (nb % 8 && (flags[fb - 1] >> (nb % 8)) != 0) return SZ_ERR_CORRUPT;
+  std::vector<uint64_t> rank((size_t)T + 1, 0);
+  {
+    uint64_t c = 0, prev = 0;
+    for (int t = 0; t < T; ++t) {
+      uint64_t b0, b1;
+      share_blocks(nb, t, T, &b0, &b1);
+      for (uint64_t i = prev >> 3; i < (b0 >> 3); ++i) c += (uint64_t)popc32(flags[i]);
+      rank[t] = c;
+      prev = b0;
+    }
+    for (uint64_t i = prev >> 3; i < fb; ++i) c += (uint64_t)popc32(flags[i]);
+    if (c != h.nzb) return SZ_ERR_CORRUPT;
+  }
+  std::vector<uint64_t> tsize((size_t)T + 1, 0);
+  std::atomic<int> err{SZ_OK};
+  // phase 1: validate descriptors and sum each worker's data bytes
+  parallel_run(T, [&](int t) {
+    uint64_t b0, b1, sum = 0, r = rank[t];
+    share_blocks(nb, t, T, &b0, &b1);
+    for (uint64_t b = b0; b < b1; ++b) {
+      const uint64_t first = b * kBlock;
+      const int L = (int)(n - first < (uint64_t)kBlock ? n - first : kBlock);
+      const bool flagged = (flags[b >> 3] >> (b & 7)) & 1u;
+      uint16_t d = next_desc(flags, descs, b, &r);
+      uint32_t s = block_data_size(d, L);
+      if (s == kBadSize || (flagged && d == kDescZero)) { err = SZ_ERR_CORRUPT; return; }
+      sum += s;
+    }
+    tsize[t + 1] = sum;
+  });
+  if (err != SZ_OK) return err;
+  for (int t = 0; t < T; ++t) tsize[t + 1] += tsize[t];
+  if (tsize[T] != data_len) return SZ_ERR_CORRUPT;
+  // phase 2: decode; every block's bytes lie inside the payload
+  parallel_run(T, [&](int t) {
+    uint64_t b0, b1;
+    share_blocks(nb, t, T, &b0, &b1);
+    if (!decode_range(flags, descs, rank[t], data, tsize[t], n, b0, b1, W, two_eb, out))
+      err = SZ_ERR_CORRUPT;
+  });
+  return err;
+}
+
+}  // extern "C"
