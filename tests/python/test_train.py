@@ -119,7 +119,10 @@ def test_short_cpu_run_trains_from_the_lmdb_and_loss_falls(wf_short_run):
     assert len(losses) >= 6
     assert sum(losses[-2:]) / 2 < losses[0] - 0.1, losses
     snaps = sorted(p.name for p in (wf_short_run / "snapshots").iterdir())
-    assert snaps == ["model_iter_30.caffemodel", "model_iter_30.solverstate"]
+    # the solver trains with COMET: its statistics and error bounds sit beside the snapshots
+    assert snaps == ["model_comet.csv", "model_iter_30.caffemodel", "model_iter_30.cometstate",
+                     "model_iter_30.solverstate"]
+    assert "COMET total: activations" in log
     assert json.loads((wf_short_run / "run.json").read_text())["exit_status"] == 0
 
 

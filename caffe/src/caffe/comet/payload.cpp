@@ -204,12 +204,12 @@ bool CometDecode(const CometPayload& p, float* out, std::string* error) {
                 static_cast<const uint8_t*>(p.data()) + hbytes, header);
     }
     sz_header_info info;
-    int rc = sz_read_header(header, hbytes, &info);
+    int rc = sz_peek_header(header, hbytes, &info);
     if (rc == SZ_OK && (info.n_elems != p.count() || info.stream_size != p.bytes())) {
       *error = "stream header does not match the blob";
       return false;
     }
-    if (rc == SZ_OK || rc == SZ_ERR_TRUNCATED) {  // a header-only read may report truncation
+    if (rc == SZ_OK) {
       if (!p.on_device()) {
         rc = sz_decompress_host(p.data(), p.bytes(), out, p.count());
       } else {
