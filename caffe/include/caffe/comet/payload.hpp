@@ -24,7 +24,9 @@ struct CometTiming {
 // which is exact for every reader that only asks whether a value is positive (ReLU backward).
 class CometPayload {
  public:
-  enum Kind { LOSSY = 0, MASK = 1 };
+  // RELEASED holds nothing: it marks memory the store freed after its last use in the training
+  // step; reading it from outside gives zeros and a warning instead of a silent zero.
+  enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2 };
   CometPayload(Kind kind, bool on_device, size_t count, const std::string& name);
   ~CometPayload();
 
@@ -66,6 +68,10 @@ class CometPayload {
 // allocated dense memory on the side where it was made and drops it. A corrupt payload is a
 // fatal error with the blob's name; it is never used.
 void CometRestore(SyncedMemory* mem);
+
+// Frees mem's dense buffers and marks them released (see CometPayload::RELEASED); `what` says
+// which memory it is, for the warning ("data of blob 'fc8'").
+void CometMarkReleased(SyncedMemory* mem, const std::string& what);
 
 // Encoders. `data` lives on the device when on_device. Dims are N,C,H,W (innermost last).
 // EncodeMask returns NULL when the data holds NaN or Inf (a mask would lose them).

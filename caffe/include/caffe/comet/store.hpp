@@ -58,6 +58,9 @@ class CometStore : public Solver<Dtype>::Callback {
     int last_backward;           // free again after this layer's backward (-1: none)
     std::vector<int> eb_layers;  // LOSSY: indices into bounds_ of the layers reading it
     shared_ptr<CometTiming> timing;
+    // The payload of the last forward: it goes back onto the memory after the last backward
+    // reader, so a second backward or a later read decodes it again instead of reading zeros.
+    shared_ptr<CometPayload> stored;
     // current display window
     double dense_bytes, stored_bytes, encode_ms, eb_sum;
     int samples;
@@ -114,6 +117,7 @@ class CometStore : public Solver<Dtype>::Callback {
   std::vector<std::vector<int> > after_backward_;   // layer -> entries
   std::vector<std::vector<int> > diff_release_;     // layer -> blob ids whose diff is freed
   std::vector<std::vector<int> > tops_written_;     // layer -> blob ids overwritten by forward
+  std::vector<int> entry_of_blob_;                  // blob -> index into entries_ or -1
   std::vector<int> bound_of_layer_;                 // layer -> index into bounds_ or -1
   std::vector<double> top_diff_sumsq_;              // layer -> ||dy||^2 (measuring iteration)
   std::vector<shared_ptr<Hook> > hooks_;

@@ -68,26 +68,20 @@ void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* p
   *nonfinite = h[1] != 0;
 }
 
-void CometMaskApplySignsGpu(const uint32_t* words, size_t count, float* x,
-                            uint32_t* popcount) {
+// Unpacks words into x (1 or 0), or with apply_signs clamps x to the recorded signs; counts the
+// set bits for the caller's check.
+void CometMaskDecodeGpu(const uint32_t* words, size_t count, float* x, bool apply_signs,
+                        uint32_t* popcount) {
   const size_t nwords = comet_mask::words(count);
   uint32_t* d_count;
   CometGpuMalloc(reinterpret_cast<void**>(&d_count), sizeof(uint32_t));
   CUDA_CHECK(cudaMemset(d_count, 0, sizeof(uint32_t)));
   PopcountKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(words, nwords, count, d_count);
-  ApplySignsKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, x);
-  CUDA_POST_KERNEL_CHECK;
-  CUDA_CHECK(cudaMemcpy(popcount, d_count, sizeof(uint32_t), cudaMemcpyDeviceToHost));
-  CometGpuFree(d_count, sizeof(uint32_t));
-}
-
-void CometMaskUnpackGpu(const uint32_t* words, size_t count, float* x, uint32_t* popcount) {
-  const size_t nwords = comet_mask::words(count);
-  uint32_t* d_count;
-  CometGpuMalloc(reinterpret_cast<void**>(&d_count), sizeof(uint32_t));
-  CUDA_CHECK(cudaMemset(d_count, 0, sizeof(uint32_t)));
-  PopcountKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(words, nwords, count, d_count);
-  UnpackKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, x);
+  if (apply_signs) {
+    ApplySignsKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, x);
+  } else {
+    UnpackKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, x);
+  }
   CUDA_POST_KERNEL_CHECK;
   CUDA_CHECK(cudaMemcpy(popcount, d_count, sizeof(uint32_t), cudaMemcpyDeviceToHost));
   CometGpuFree(d_count, sizeof(uint32_t));

@@ -17,8 +17,8 @@ namespace caffe {
 // mask.cu
 void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* popcount,
                       bool* nonfinite);
-void CometMaskUnpackGpu(const uint32_t* words, size_t count, float* x, uint32_t* popcount);
-void CometMaskApplySignsGpu(const uint32_t* words, size_t count, float* x, uint32_t* popcount);
+void CometMaskDecodeGpu(const uint32_t* words, size_t count, float* x, bool apply_signs,
+                        uint32_t* popcount);
 #endif
 
 CometPayload::CometPayload(Kind kind, bool on_device, size_t count, const std::string& name)
@@ -169,12 +169,8 @@ bool DecodeMask(const CometPayload& p, float* out, bool apply_signs, std::string
     if (p.count() % 32 && (words[nwords - 1] >> (p.count() % 32))) popcount = ~popcount;
   } else {
 #ifndef CPU_ONLY
-    const uint32_t* words = static_cast<const uint32_t*>(p.data());
-    if (apply_signs) {
-      CometMaskApplySignsGpu(words, p.count(), out, &popcount);
-    } else {
-      CometMaskUnpackGpu(words, p.count(), out, &popcount);
-    }
+    CometMaskDecodeGpu(static_cast<const uint32_t*>(p.data()), p.count(), out, apply_signs,
+                       &popcount);
 #else
     NO_GPU;
 #endif
@@ -188,7 +184,19 @@ bool DecodeMask(const CometPayload& p, float* out, bool apply_signs, std::string
 
 }  // namespace
 
+void CometMarkReleased(SyncedMemory* mem, const std::string& what) {
+  mem->comet_release();
+  mem->comet_payload().reset(new CometPayload(CometPayload::RELEASED, false,
+                                              mem->size() / sizeof(float), what));
+}
+
 bool CometDecode(const CometPayload& p, float* out, std::string* error) {
+  if (p.kind() == CometPayload::RELEASED) {
+    // The memory was freshly allocated and zeroed by SyncedMemory; say why it is zero.
+    LOG_FIRST_N(WARNING, 20) << "COMET: the " << p.name() << " was freed after its last use in "
+        << "the training step (comet { release_unused, release_diffs }); it reads as zeros";
+    return true;
+  }
   if (p.kind() == CometPayload::LOSSY) {
     // The header must describe exactly this blob before any payload byte is decoded.
     uint8_t header[SZ_HEADER_SIZE];

@@ -238,6 +238,7 @@ void CometStore<Dtype>::MakePlan() {
   // Error bounds: one per layer whose input is stored lossy.
   after_forward_.assign(L, std::vector<int>());
   after_backward_.assign(L, std::vector<int>());
+  entry_of_blob_.assign(B, -1);
   for (int g = 0; g < G; ++g) {
     if (prot[g] || last_fwd[g] < 0) continue;
     Entry e;
@@ -291,6 +292,7 @@ void CometStore<Dtype>::MakePlan() {
     } else {
       continue;  // KEEP: some reader needs it exactly
     }
+    for (int k = 0; k < e.blob_ids.size(); ++k) entry_of_blob_[e.blob_ids[k]] = entries_.size();
     after_forward_[e.last_forward].push_back(entries_.size());
     if (e.last_backward >= 0) after_backward_[e.last_backward].push_back(entries_.size());
     entries_.push_back(e);
@@ -382,6 +384,7 @@ void CometStore<Dtype>::BeforeForward(int layer) {
   for (int k = 0; k < ids.size(); ++k) {
     SyncedMemory* mem = net_->blobs()[ids[k]]->data().get();
     if (mem->comet_payload()) mem->comet_payload().reset();
+    if (entry_of_blob_[ids[k]] >= 0) entries_[entry_of_blob_[ids[k]]].stored.reset();
   }
 }
 
@@ -397,7 +400,7 @@ void CometStore<Dtype>::AfterForward(int layer) {
       continue;  // not ours to free (a data layer's prefetch buffer), or nothing there
     }
     if (e.action == RELEASE) {
-      mem->comet_release();
+      CometMarkReleased(mem, "data of blob '" + e.blob + "'");
       continue;
     }
     CPUTimer timer;
@@ -427,6 +430,7 @@ void CometStore<Dtype>::AfterForward(int layer) {
     p->timing = e.timing;
     mem->comet_release();
     mem->comet_payload() = p;
+    e.stored = p;
     e.encode_ms += timer.MilliSeconds();
     e.dense_bytes += p->dense_bytes();
     e.stored_bytes += p->stored_bytes();
@@ -437,6 +441,12 @@ void CometStore<Dtype>::AfterForward(int layer) {
 
 template <typename Dtype>
 void CometStore<Dtype>::BeforeBackward(int layer) {
+  // This backward writes its bottoms' diffs: markers of freed diffs are dropped, not "read".
+  const std::vector<Blob<Dtype>*>& bottoms = net_->bottom_vecs()[layer];
+  for (int k = 0; k < bottoms.size(); ++k) {
+    SyncedMemory* diff = bottoms[k]->diff().get();
+    if (diff->comet_payload()) diff->comet_payload().reset();
+  }
   if (!measuring_ || bound_of_layer_[layer] < 0 || !bounds_[bound_of_layer_[layer]].adapt ||
       !net_->layer_need_backward()[layer]) {
     return;
@@ -472,15 +482,17 @@ void CometStore<Dtype>::AfterBackward(int layer) {
   }
   const std::vector<int>& todo = after_backward_[layer];
   for (int t = 0; t < todo.size(); ++t) {
-    SyncedMemory* mem = net_->blobs()[entries_[todo[t]].blob_ids[0]]->data().get();
-    if (!mem->comet_can_release()) continue;
-    mem->comet_payload().reset();  // not decoded when backward did not need it after all
-    mem->comet_release();
+    Entry& e = entries_[todo[t]];
+    SyncedMemory* mem = net_->blobs()[e.blob_ids[0]]->data().get();
+    if (!mem->comet_can_release() || mem->comet_payload() || !e.stored) continue;
+    mem->comet_release();  // decoded for backward; the compressed copy goes back on
+    mem->comet_payload() = e.stored;
   }
   const std::vector<int>& diffs = diff_release_[layer];
   for (int k = 0; k < diffs.size(); ++k) {
     SyncedMemory* mem = net_->blobs()[diffs[k]]->diff().get();
-    if (mem->comet_can_release()) mem->comet_release();
+    if (mem->comet_can_release() && mem->head() != SyncedMemory::UNINITIALIZED)
+      CometMarkReleased(mem, "diff of blob '" + net_->blob_names()[diffs[k]] + "'");
   }
   Sample();
 }
@@ -492,14 +504,14 @@ void CometStore<Dtype>::Sample() {
   const std::vector<shared_ptr<Blob<Dtype> > >& blobs = net_->blobs();
   for (int b = 0; b < blobs.size(); ++b) {
     SyncedMemory* d = blobs[b]->data().get();
-    if (seen.insert(d).second) {
-      if (d->head() != SyncedMemory::UNINITIALIZED) cur[CometMemory::ACTIVATIONS] += d->size();
-      if (d->comet_payload()) cur[CometMemory::COMPRESSED] += d->comet_payload()->stored_bytes();
-    }
+    if (seen.insert(d).second && d->head() != SyncedMemory::UNINITIALIZED)
+      cur[CometMemory::ACTIVATIONS] += d->size();
     SyncedMemory* g = blobs[b]->diff().get();
     if (g && seen.insert(g).second && g->head() != SyncedMemory::UNINITIALIZED)
       cur[CometMemory::GRADIENTS] += g->size();
   }
+  for (int e = 0; e < entries_.size(); ++e)  // every payload is held by its entry
+    if (entries_[e].stored) cur[CometMemory::COMPRESSED] += entries_[e].stored->stored_bytes();
   const std::vector<Blob<Dtype>*>& params = net_->learnable_params();
   for (int p = 0; p < params.size(); ++p) {
     SyncedMemory* d = params[p]->data().get();

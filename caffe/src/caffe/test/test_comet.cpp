@@ -442,6 +442,34 @@ TEST_F(CometStoreTest, ForwardOnlyKeepsBlobsReadable) {
             1e-3f);
 }
 
+TEST_F(CometStoreTest, SecondBackwardSeesTheStoredActivationsAgain) {
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  caffe::Net<float>* net = on->net().get();
+  Caffe::set_random_seed(4242);
+  net->ClearParamDiffs();
+  net->ForwardBackward();
+  Blob<float>* w = net->layer_by_name("conv2")->blobs()[0].get();
+  std::vector<float> first(w->cpu_diff(), w->cpu_diff() + w->count());
+  net->ClearParamDiffs();
+  net->Backward();  // no forward in between: pool1 must come back from its compressed copy
+  EXPECT_EQ(MaxAbsDiff(first.data(), w->cpu_diff(), w->count()), 0.f);
+  float sum = 0;
+  for (int i = 0; i < w->count(); ++i) sum += std::fabs(w->cpu_diff()[i]);
+  EXPECT_GT(sum, 0.f);
+}
+
+TEST_F(CometStoreTest, FreedBlobsReadAsZerosNotGarbage) {
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  Run(on.get(), 1);
+  // ip1 is read by the loss in forward only: freed after it; reading it later gives zeros
+  // (and a warning in the log) rather than stale or random memory
+  const Blob<float>* ip1 = on->net()->blob_by_name("ip1").get();
+  for (int i = 0; i < ip1->count(); ++i) ASSERT_EQ(ip1->cpu_data()[i], 0.f);
+  // the next step overwrites it as usual
+  Run(on.get(), 1);
+  EXPECT_GT(on->comet()->memory().peak_total, 0u);
+}
+
 TEST_F(CometStoreTest, CorruptStoredActivationIsDetected) {
   ::testing::FLAGS_gtest_death_test_style = "threadsafe";
   shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
