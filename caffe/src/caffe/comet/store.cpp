@@ -497,30 +497,32 @@ void CometStore<Dtype>::AfterBackward(int layer) {
   Sample();
 }
 
+namespace {
+
+// Adds mem's size to *bytes when it holds dense memory and was not counted yet (shared blobs).
+void CountOnce(const SyncedMemory* mem, std::set<const SyncedMemory*>* seen, size_t* bytes) {
+  if (mem && seen->insert(mem).second && mem->head() != SyncedMemory::UNINITIALIZED)
+    *bytes += mem->size();
+}
+
+}  // namespace
+
 template <typename Dtype>
 void CometStore<Dtype>::Sample() {
   size_t cur[CometMemory::NUM_KINDS] = {0, 0, 0, 0, 0};
   std::set<const SyncedMemory*> seen;
   const std::vector<shared_ptr<Blob<Dtype> > >& blobs = net_->blobs();
   for (int b = 0; b < blobs.size(); ++b) {
-    SyncedMemory* d = blobs[b]->data().get();
-    if (seen.insert(d).second && d->head() != SyncedMemory::UNINITIALIZED)
-      cur[CometMemory::ACTIVATIONS] += d->size();
-    SyncedMemory* g = blobs[b]->diff().get();
-    if (g && seen.insert(g).second && g->head() != SyncedMemory::UNINITIALIZED)
-      cur[CometMemory::GRADIENTS] += g->size();
+    CountOnce(blobs[b]->data().get(), &seen, &cur[CometMemory::ACTIVATIONS]);
+    CountOnce(blobs[b]->diff().get(), &seen, &cur[CometMemory::GRADIENTS]);
+  }
+  const std::vector<Blob<Dtype>*>& params = net_->learnable_params();
+  for (int p = 0; p < params.size(); ++p) {
+    CountOnce(params[p]->data().get(), &seen, &cur[CometMemory::WEIGHTS]);
+    CountOnce(params[p]->diff().get(), &seen, &cur[CometMemory::GRADIENTS]);
   }
   for (int e = 0; e < entries_.size(); ++e)  // every payload is held by its entry
     if (entries_[e].stored) cur[CometMemory::COMPRESSED] += entries_[e].stored->stored_bytes();
-  const std::vector<Blob<Dtype>*>& params = net_->learnable_params();
-  for (int p = 0; p < params.size(); ++p) {
-    SyncedMemory* d = params[p]->data().get();
-    if (seen.insert(d).second && d->head() != SyncedMemory::UNINITIALIZED)
-      cur[CometMemory::WEIGHTS] += d->size();
-    SyncedMemory* g = params[p]->diff().get();
-    if (g && seen.insert(g).second && g->head() != SyncedMemory::UNINITIALIZED)
-      cur[CometMemory::GRADIENTS] += g->size();
-  }
   cur[CometMemory::SCRATCH] = CometGpuPoolQuery().cached;
   size_t total = 0;
   for (int k = 0; k < CometMemory::NUM_KINDS; ++k) {
