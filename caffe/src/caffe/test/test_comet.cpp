@@ -16,6 +16,8 @@
 #include "caffe/filler.hpp"
 #include "caffe/layers/conv_layer.hpp"
 #include "caffe/layers/inner_product_layer.hpp"
+#include "caffe/layers/lrn_layer.hpp"
+#include "caffe/layers/relu_layer.hpp"
 #include "caffe/sgd_solvers.hpp"
 #include "caffe/solver.hpp"
 #include "caffe/syncedmem.hpp"
@@ -251,6 +253,95 @@ TEST_F(CometPayloadTest, InnerProductWeightGradientErrorMatchesTheDerivation) {
   std::vector<int> shape(2);
   shape[0] = 32; shape[1] = 200;
   CheckGradientError<InnerProductLayer<float> >(lp, shape, 1e-2);
+}
+
+// ReLU's backward only asks whether its input was positive: restored from a mask, its gradient
+// is exactly the one from the dense input.
+TEST_F(CometPayloadTest, ReluGradientFromTheMaskIsExact) {
+  Blob<float> bottom(2, 6, 9, 9), top;
+  std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+  FillerParameter fp;
+  fp.set_std(1.f);
+  GaussianFiller<float> filler(fp);
+  filler.Fill(&bottom);
+  for (int slope = 0; slope < 2; ++slope) {
+    LayerParameter lp;
+    lp.mutable_relu_param()->set_negative_slope(slope ? 0.1f : 0.f);
+    ReLULayer<float> relu(lp);
+    relu.SetUp(bv, tv);
+    relu.Forward(bv, tv);
+    filler.Fill(&top);
+    caffe_copy(top.count(), top.cpu_data(), top.mutable_cpu_diff());
+    const std::vector<bool> down(1, true);
+    relu.Backward(tv, down, bv);
+    std::vector<float> exact(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
+    std::vector<float> x(bottom.cpu_data(), bottom.cpu_data() + bottom.count());
+    shared_ptr<CometPayload> m = CometEncodeMask(bottom.cpu_data(), bottom.count(), false, "x");
+    std::string error;
+    ASSERT_TRUE(CometDecode(*m, bottom.mutable_cpu_data(), &error)) << error;
+    relu.Backward(tv, down, bv);
+    for (int i = 0; i < bottom.count(); ++i) ASSERT_EQ(bottom.cpu_diff()[i], exact[i]) << i;
+    caffe_copy(bottom.count(), x.data(), bottom.mutable_cpu_data());
+  }
+}
+
+// LRN's backward reads its input x and output y. With both stored at bound eb (its internal scale
+// s >= k stays exact), the input gradient of element c moves by at most
+// (2 alpha beta / n) eb / k * sum over its window c' of |dy_c'| (|y_c'| + |x_c| + eb).
+TEST_F(CometPayloadTest, LrnGradientErrorStaysWithinItsBound) {
+  const int N = 2, C = 7, H = 5, W = 6, n = 5;
+  Blob<float> bottom(N, C, H, W), top;
+  std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+  FillActivations(&bottom, 0.5f, 3.f, 13);
+  LayerParameter lp;
+  lp.mutable_lrn_param()->set_local_size(n);
+  lp.mutable_lrn_param()->set_alpha(1.f);  // large, so the second term matters
+  lp.mutable_lrn_param()->set_beta(0.75f);
+  LRNLayer<float> lrn(lp);
+  lrn.SetUp(bv, tv);
+  lrn.Forward(bv, tv);
+  FillerParameter fp;
+  fp.set_std(1.f);
+  GaussianFiller<float> filler(fp);
+  Blob<float> dy(top.shape());
+  filler.Fill(&dy);
+  caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
+  const std::vector<bool> down(1, true);
+  lrn.Backward(tv, down, bv);
+  std::vector<float> exact(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
+  std::vector<float> x(bottom.cpu_data(), bottom.cpu_data() + bottom.count());
+  std::vector<float> y(top.cpu_data(), top.cpu_data() + top.count());
+  const double ebs[] = {1e-1, 1e-3};
+  double worst[2], tightest = 0;  // tightest: largest error / bound seen
+  for (int k = 0; k < 2; ++k) {
+    const double eb = ebs[k];
+    std::string error;
+    shared_ptr<CometPayload> px = CometEncodeLossy(x.data(), bottom.shape(), false, eb, "x");
+    shared_ptr<CometPayload> py = CometEncodeLossy(y.data(), top.shape(), false, eb, "y");
+    ASSERT_TRUE(CometDecode(*px, bottom.mutable_cpu_data(), &error)) << error;
+    ASSERT_TRUE(CometDecode(*py, top.mutable_cpu_data(), &error)) << error;
+    caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
+    lrn.Backward(tv, down, bv);
+    const double c0 = 2.0 * lp.lrn_param().alpha() * lp.lrn_param().beta() / n * eb /
+                      lp.lrn_param().k();
+    worst[k] = 0;
+    for (int img = 0; img < N; ++img) for (int c = 0; c < C; ++c)
+      for (int p = 0; p < H * W; ++p) {
+        const int i = (img * C + c) * H * W + p;
+        double sum = 0;
+        for (int cc = std::max(0, c - n / 2); cc <= std::min(C - 1, c + n / 2); ++cc) {
+          const int j = (img * C + cc) * H * W + p;
+          sum += std::fabs(dy.cpu_data()[j]) * (std::fabs(y[j]) + std::fabs(x[i]) + eb);
+        }
+        const double err = std::fabs(bottom.cpu_diff()[i] - exact[i]);
+        ASSERT_LE(err, c0 * sum * (1 + 1e-4) + 1e-6) << "element " << i << " at eb " << eb;
+        worst[k] = std::max(worst[k], err);
+        tightest = std::max(tightest, err / (c0 * sum));
+      }
+  }
+  EXPECT_GT(worst[0], 0) << "no error at all at eb 0.1?";
+  EXPECT_LT(worst[1], worst[0]) << "a tighter bound must give a smaller gradient error";
+  EXPECT_GT(tightest, 0.05) << "the bound is far looser than the errors it bounds";
 }
 
 // ---------------------------------------------------------------- the store in a training run
