@@ -75,7 +75,6 @@ class CometStore : public Solver<Dtype>::Callback {
     float eb;
     bool fixed;        // set by the layer's comet_param.error_bound
     bool adapt;        // the adaptive rule applies (Convolution, InnerProduct)
-    double est_error;  // last estimate of the relative weight-gradient error
     int follow;        // LRN in ADAPTIVE mode: index of the bound it takes (-1: its own)
   };
 
@@ -107,6 +106,7 @@ class CometStore : public Solver<Dtype>::Callback {
   void Report();
   float EntryBound(const Entry& e) const;
   float bound(int b) const;  // effective bound of bounds_[b]
+  bool Measures(int layer) const;
 
   Solver<Dtype>* solver_;
   Net<Dtype>* net_;

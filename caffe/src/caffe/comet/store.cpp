@@ -194,7 +194,7 @@ void CometStore<Dtype>::MakePlan() {
     members[it->second].push_back(b);
   }
   const int G = members.size();
-  std::vector<int> last_fwd(G, -1), first_fwd(G, L), last_bwd(G, L);
+  std::vector<int> last_fwd(G, -1), last_bwd(G, L);
   std::vector<bool> prot(G, false), sign_only(G, true), any_sign(G, false), lossy_ok(G, true);
   std::vector<std::vector<int> > readers(G);
   bound_of_layer_.assign(L, -1);
@@ -213,7 +213,6 @@ void CometStore<Dtype>::MakePlan() {
       for (int k = 0; k < ids.size(); ++k) {
         const int g = group[ids[k]];
         last_fwd[g] = std::max(last_fwd[g], i);
-        first_fwd[g] = std::min(first_fwd[g], i);
         if (!runs_backward || read == NONE) continue;
         readers[g].push_back(i);
         last_bwd[g] = std::min(last_bwd[g], i);
@@ -282,7 +281,6 @@ void CometStore<Dtype>::MakePlan() {
                       ? lp.comet_param().error_bound() : param_.error_bound();
           CHECK_GT(bd.eb, 0) << "comet_param.error_bound of " << lp.name() << " must be > 0";
           bd.adapt = !bd.fixed && (lp.type() == "Convolution" || lp.type() == "InnerProduct");
-          bd.est_error = -1;
           bd.follow = -1;
           bound_of_layer_[i] = bounds_.size();
           bounds_.push_back(bd);
@@ -447,10 +445,7 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     SyncedMemory* diff = bottoms[k]->diff().get();
     if (diff->comet_payload()) diff->comet_payload().reset();
   }
-  if (!measuring_ || bound_of_layer_[layer] < 0 || !bounds_[bound_of_layer_[layer]].adapt ||
-      !net_->layer_need_backward()[layer]) {
-    return;
-  }
+  if (!Measures(layer)) return;
   // ||dy||^2 of the layer's output gradient, for the error estimate after its backward.
   const std::vector<Blob<Dtype>*>& tops = net_->top_vecs()[layer];
   double s = 0;
@@ -458,10 +453,17 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
   top_diff_sumsq_[layer] = s;
 }
 
+// Whether this iteration measures the error estimate of this layer (an adaptive bound whose
+// layer runs backward and has weights).
+template <typename Dtype>
+bool CometStore<Dtype>::Measures(int layer) const {
+  return measuring_ && bound_of_layer_[layer] >= 0 && bounds_[bound_of_layer_[layer]].adapt &&
+         net_->layer_need_backward()[layer] && !net_->layers()[layer]->blobs().empty();
+}
+
 template <typename Dtype>
 void CometStore<Dtype>::AfterBackward(int layer) {
-  if (measuring_ && bound_of_layer_[layer] >= 0 && bounds_[bound_of_layer_[layer]].adapt &&
-      net_->layer_need_backward()[layer] && !net_->layers()[layer]->blobs().empty()) {
+  if (Measures(layer)) {
     // Weight gradient dW = sum x (x) dy. An input error uniform in [-eb, eb] gives each weight
     // an error of standard deviation eb/sqrt(3) * ||dy_o|| (dy_o: the output channel the weight
     // feeds), so the RMS error over the weights is eb * ||dy|| / sqrt(3 O), O output channels.
@@ -473,7 +475,6 @@ void CometStore<Dtype>::AfterBackward(int layer) {
     const double dy = std::sqrt(top_diff_sumsq_[layer]);
     if (dy > 0 && grad_rms > 0 && std::isfinite(dy) && std::isfinite(grad_rms)) {
       const double per_eb = dy / std::sqrt(3. * out_channels) / grad_rms;  // error / eb
-      bd.est_error = bd.eb * per_eb;
       double eb = param_.adaptive_target() / per_eb;
       eb = std::min<double>(std::max<double>(eb, param_.min_error_bound()),
                             param_.max_error_bound());
