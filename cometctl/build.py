@@ -116,17 +116,21 @@ def sync_tree(staged: Path, target: Path) -> int:
 
 # ---------------------------------------------------------------------------- CMake
 
+def ccache_launchers(*languages: str) -> list[str]:
+    """CMake's compiler-launcher settings that put ccache in front of these languages' compilers."""
+    if not shutil.which("ccache"):
+        return []
+    return [f"-DCMAKE_{lang}_COMPILER_LAUNCHER=ccache" for lang in languages]
+
+
 def sz_cmake_args(opts: BuildOptions) -> list[str]:
     """Our compressor library, built per variant: the CUDA variant gets the CUDA backend."""
-    args = ["-DCMAKE_BUILD_TYPE=Release", "-DSZ_BUILD_TESTS=OFF", "-DSZ_FUZZ=OFF"]
-    if shutil.which("ccache"):
-        args += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
+    args = ["-DCMAKE_BUILD_TYPE=Release", "-DSZ_BUILD_TESTS=OFF", "-DSZ_FUZZ=OFF",
+            *ccache_launchers("CXX", "C")]
     if opts.variant == "cuda":
         archs = ";".join(opts.cuda_archs.replace(",", " ").split())
         args += ["-DSZ_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={find_nvcc()}",
-                 f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
-        if shutil.which("ccache"):
-            args.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
+                 f"-DCMAKE_CUDA_ARCHITECTURES={archs}", *ccache_launchers("CUDA")]
     else:
         args.append("-DSZ_CUDA=OFF")
     return args
@@ -138,8 +142,7 @@ def cmake_args(opts: BuildOptions, src: Path, python: str) -> list[str]:
         f"-DPYTHON_EXECUTABLE={python}", "-DBUILD_docs=OFF", "-DBUILD_matlab=OFF",
         "-DUSE_LEVELDB=ON", "-DUSE_LMDB=ON", "-DUSE_OPENCV=ON", "-DUSE_HDF5=ON",
     ]
-    if shutil.which("ccache"):
-        args += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
+    args += ccache_launchers("CXX", "C")
     if opts.variant == "cpu":
         args += ["-DCPU_ONLY=ON", "-DUSE_CUDNN=OFF"]
     else:
@@ -289,7 +292,7 @@ def build(opts: BuildOptions) -> BuildResult:
         if opts.tests:
             targets.append("test.testbin")
         compiled += run_logged(["cmake", "--build", str(cmake_dir), "-j", str(opts.jobs),
-                               "--target", *dict.fromkeys(targets)],
+                               "--target", *targets],
                               log, title=f"build ({opts.variant})", env=env)
     result = BuildResult(opts.variant, src, cmake_dir, compiled, log_path)
     missing = [t for t in TOOLS if not (cmake_dir / "tools" / t).exists()]
