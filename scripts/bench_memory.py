@@ -1,12 +1,17 @@
 """COMET off and on side by side, in one run: CaffeNet training iterations on the CPU (or GPU).
 
-For each batch size, the fork's `caffe train` runs the shipped CaffeNet (models/bvlc_reference_caffenet)
-with its data layer replaced by DummyData (no dataset needed; the net is otherwise unchanged), first
-without a comet block, then with one. Each run is its own process, so its peak resident set size
+For each batch size, the fork's `caffe train` runs the shipped CaffeNet (models/bvlc_reference_caffenet),
+first without a comet block, then with one. Its input is either
+  --data images (default): the shipped Data layer reading the embedded synthetic dataset, made once at
+      256x256 (`cometctl prepare-dogs --synthetic --size 256`; picture-like content, as in real
+      training), with `prefetch: 1` so that the input batches in memory are the same as with DummyData;
+  --data noise: DummyData, Gaussian noise (std 50), the worst case for compression.
+The net is otherwise unchanged. Each run is its own process, so its peak resident set size
 (ru_maxrss from wait4) is its own. Reported per run: peak RSS, the store's tracked peak and activation
 storage (COMET runs), and seconds per iteration after warm-up.
 
-    scripts/bench_memory [--batches 64 256] [--iters 3] [--warmup 1] [--gpu 0] [--markdown out.md]
+    scripts/bench_memory [--batches 64 256] [--iters 3] [--warmup 1] [--data images|noise] [--gpu 0]
+                         [--markdown out.md]
 """
 
 from __future__ import annotations
@@ -35,14 +40,29 @@ COMET_BLOCK = """comet {
 """
 
 
-def make_net(pb2, text_format, batch: int) -> str:
+def make_images(cometctl: Path) -> Path:
+    """The embedded synthetic dataset at 256x256, made once under build/bench-data."""
+    out = ROOT / "build" / "bench-data" / "synthetic256"
+    if not (out / "train_lmdb" / "data.mdb").exists() or not (out / "mean.binaryproto").exists():
+        print(f"making the benchmark images in {out} ...", flush=True)
+        subprocess.run([str(cometctl), "prepare-dogs", "--synthetic", "--size", "256",
+                        "--data-dir", str(out)], check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def make_net(pb2, text_format, batch: int, images: Path | None) -> str:
     net = pb2.NetParameter()
     text_format.Merge((ROOT / "models/bvlc_reference_caffenet/train_val.prototxt").read_text(), net)
     layers = []
     for layer in net.layer:
         if any(rule.phase == pb2.TEST for rule in layer.include) or layer.type == "Accuracy":
             continue
-        if layer.type == "Data":
+        if layer.type == "Data" and images is not None:
+            layer.data_param.source = str(images / "train_lmdb")
+            layer.data_param.batch_size = batch
+            layer.data_param.prefetch = 1
+            layer.transform_param.mean_file = str(images / "mean.binaryproto")
+        elif layer.type == "Data":
             crop = layer.transform_param.crop_size or 227
             dummy = pb2.LayerParameter(name="data", type="DummyData", top=["data", "label"])
             p = dummy.dummy_data_param
@@ -115,6 +135,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=3, help="timed iterations after warm-up")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--gpu", type=int, default=None, help="GPU id (default: CPU)")
+    ap.add_argument("--data", choices=["images", "noise"], default="images",
+                    help="input: the embedded synthetic images (default) or Gaussian noise")
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     ap.add_argument("--keep", type=Path, default=None, help="keep prototxts and logs in this folder")
     args = ap.parse_args()
@@ -124,12 +146,13 @@ def main() -> int:
     from caffe.proto import caffe_pb2 as pb2
     from google.protobuf import text_format
 
+    images = make_images(Path(sys.executable).parent / "cometctl") if args.data == "images" else None
     rows = []
     with tempfile.TemporaryDirectory(prefix="comet-bench-") as tmp:
         work = args.keep.resolve() if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for batch in args.batches:
-            net = make_net(pb2, text_format, batch)
+            net = make_net(pb2, text_format, batch, images)
             base = None
             for comet in (False, True):
                 name = f"caffenet_b{batch}_{'on' if comet else 'off'}"
@@ -154,7 +177,7 @@ def main() -> int:
     device = f"GPU {args.gpu}" if args.gpu is not None else f"CPU ({os.cpu_count()} cores)"
     out = [f"CaffeNet training on {device}, {args.iters} timed iterations after {args.warmup} warm-up; "
            f"command: `scripts/bench_memory --batches {' '.join(map(str, args.batches))} "
-           f"--iters {args.iters} --warmup {args.warmup}"
+           f"--iters {args.iters} --warmup {args.warmup} --data {args.data}"
            + (f" --gpu {args.gpu}" if args.gpu is not None else "") + "`",
            "",
            "| batch | COMET | peak RSS (MB) | RSS off/on | stored activations (MB): dense -> compressed | "

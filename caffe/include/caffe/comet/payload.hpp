@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "caffe/comet/codes.hpp"
 #include "caffe/common.hpp"
 
 namespace caffe {
@@ -22,11 +23,12 @@ struct CometTiming {
 // The compressed content of one SyncedMemory while its dense buffers are released.
 // LOSSY: an sz stream (|x - x'| <= eb). MASK: one bit per value, x > 0, restored as 1 or 0,
 // which is exact for every reader that only asks whether a value is positive (ReLU backward).
+// ARGMAX and BINARY: integer buffers of max pooling and Dropout as packed codes (codes.hpp).
 class CometPayload {
  public:
   // RELEASED holds nothing: it marks memory the store freed after its last use in the training
   // step; reading it from outside gives zeros and a warning instead of a silent zero.
-  enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2 };
+  enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2, ARGMAX = 3, BINARY = 4 };
   CometPayload(Kind kind, bool on_device, size_t count, const std::string& name);
   ~CometPayload();
 
@@ -46,7 +48,9 @@ class CometPayload {
   // Bytes held, the sign mask included.
   size_t stored_bytes() const { return bytes_ + (sign_mask ? sign_mask->bytes() : 0); }
 
-  uint32_t mask_popcount;        // MASK: number of set bits, checked when decoding
+  uint32_t mask_popcount;        // MASK, ARGMAX, BINARY: number of set bits, checked when decoding
+  int code_bits;                 // ARGMAX, BINARY: bits per code
+  comet_codes::PoolGeometry pool;  // ARGMAX: the windows the codes are offsets in
   // LOSSY read by ReLU too: after decoding, values are clamped to the sign this mask records
   // (positive stays > 0, the rest <= 0). That keeps |x - x'| <= eb and gives ReLU exact signs.
   shared_ptr<CometPayload> sign_mask;
@@ -79,19 +83,44 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
                                           bool on_device, double eb, const std::string& name);
 shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool on_device,
                                          const std::string& name);
-// Decodes into out (device memory when the payload is on the device); false when corrupt,
-// with the reason in *error.
-bool CometDecode(const CometPayload& payload, float* out, std::string* error);
+// Max pooling's argmax (indices into each bottom plane) and Dropout's 0/1 mask, losslessly as
+// packed codes; NULL when a value cannot be coded (an argmax of -1 from a window of NaN).
+shared_ptr<CometPayload> CometEncodeArgmax(const int* idx, size_t count,
+                                           const comet_codes::PoolGeometry& g, bool on_device,
+                                           const std::string& name);
+shared_ptr<CometPayload> CometEncodeBinary(const unsigned int* v, size_t count, bool on_device,
+                                           const std::string& name);
+// Decodes into out (device memory when the payload is on the device; floats, or 32-bit integers
+// for ARGMAX and BINARY); false when corrupt, with the reason in *error.
+bool CometDecode(const CometPayload& payload, void* out, std::string* error);
+
+// ReLU's backward straight from a sign mask (a MASK payload, or the sign mask of a LOSSY one),
+// without restoring the input: bottom_diff = top_diff * (x > 0 ? 1 : negative_slope), bit for
+// bit what ReLULayer computes. The diffs may be the same buffer (in-place ReLU). False when the
+// mask is corrupt.
+bool CometReluBackward(const CometPayload& mask, const float* top_diff, float* bottom_diff,
+                       float negative_slope, std::string* error);
+
+// Host allocations of SyncedMemory (1 MB and more, CPU mode) go through a pool while a COMET
+// store with memory_pool is active: a freed buffer is kept for the next allocation of the same
+// size instead of going back to the kernel and faulting in again. The pool never holds more
+// than the peak in use, so the process's peak memory does not grow; the oldest buffers go first.
+void CometHostMalloc(void** ptr, size_t size, bool* use_cuda);
+void CometHostFree(void* ptr, size_t size, bool use_cuda);
+void CometHostPoolEnable(bool on);
 
 // GPU allocations of SyncedMemory go through a pool while a COMET store is active, so buffers
-// released after compression are reused by the next iteration instead of cudaFree/cudaMalloc.
+// released after compression are reused by the next iteration instead of cudaFree/cudaMalloc;
+// like the host pool it holds no more than the peak in use.
 void CometGpuMalloc(void** ptr, size_t size);
 void CometGpuFree(void* ptr, size_t size);
 void CometGpuPoolEnable(bool on);
-struct CometGpuPoolStats {
-  size_t in_use, cached, peak_in_use;
+struct CometPoolStats {
+  size_t in_use, cached, peak_in_use;  // bytes
+  size_t hits, misses, evicted;        // allocations served from the pool, not; blocks freed
 };
-CometGpuPoolStats CometGpuPoolQuery();
+CometPoolStats CometGpuPoolQuery();
+CometPoolStats CometHostPoolQuery();
 
 }  // namespace caffe
 

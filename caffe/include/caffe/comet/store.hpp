@@ -44,14 +44,18 @@ class CometStore : public Solver<Dtype>::Callback {
   CometStore(Solver<Dtype>* solver, const CometParameter& param);
   virtual ~CometStore();
 
-  enum Action { KEEP = 0, RELEASE, LOSSY, MASK };
+  // LOSSY, MASK, RELEASE, KEEP: net blobs. ARGMAX, BINARY, RECOMPUTE: a layer's private buffer
+  // (max pooling's argmax and Dropout's mask as packed codes; LRN's scale freed and recomputed).
+  enum Action { KEEP = 0, RELEASE, LOSSY, MASK, ARGMAX, BINARY, RECOMPUTE };
   static const char* ActionName(Action a);
 
-  // One group of net blobs sharing the same data memory (in-place layers, Split, Flatten, ...).
+  // One group of net blobs sharing the same data memory (in-place layers, Split, Flatten, ...),
+  // or one layer-private buffer.
   struct Entry {
     std::string name;            // what the log calls it: the reading layer(s)
-    std::string blob;            // first blob name
-    std::vector<int> blob_ids;
+    std::string blob;            // first blob name, or "<layer> argmax|mask|scale"
+    std::vector<int> blob_ids;   // empty for a layer-private buffer
+    int layer;                   // the layer owning a private buffer, else -1
     Action action;
     bool signs;                  // LOSSY read by ReLU too: a sign mask is stored alongside
     int last_forward;            // compress/release after this layer's forward
@@ -102,6 +106,9 @@ class CometStore : public Solver<Dtype>::Callback {
   void AfterForward(int layer);
   void BeforeBackward(int layer);
   void AfterBackward(int layer);
+  SyncedMemory* PrivateBuffer(const Entry& e) const;
+  void StorePrivate(Entry* e);
+  void ReluBackwardFromMask(int layer);
   void Sample();
   void Report();
   float EntryBound(const Entry& e) const;
@@ -119,6 +126,8 @@ class CometStore : public Solver<Dtype>::Callback {
   std::vector<std::vector<int> > tops_written_;     // layer -> blob ids overwritten by forward
   std::vector<int> entry_of_blob_;                  // blob -> index into entries_ or -1
   std::vector<int> bound_of_layer_;                 // layer -> index into bounds_ or -1
+  std::vector<std::vector<int> > private_of_layer_;  // layer -> its private-buffer entries
+  std::vector<bool> relu_skipped_;                  // layer -> backward done from the mask
   std::vector<double> top_diff_sumsq_;              // layer -> ||dy||^2 (measuring iteration)
   std::vector<shared_ptr<Hook> > hooks_;
   CometMemory memory_;

@@ -1,5 +1,6 @@
-// COMET-Caffe: bit masks on the GPU. The per-element logic is comet_mask:: (mask.hpp), shared
-// with the CPU path in payload.cpp.
+// COMET-Caffe: bit masks and packed codes on the GPU. The per-element logic is comet_mask::
+// (mask.hpp) and comet_codes:: (codes.hpp), shared with the CPU path in payload.cpp.
+#include "caffe/comet/codes.hpp"
 #include "caffe/comet/mask.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/util/device_alternate.hpp"
@@ -34,14 +35,45 @@ __global__ void ApplySignsKernel(const uint32_t* words, size_t count, float* x) 
   }
 }
 
-__global__ void PopcountKernel(const uint32_t* words, size_t nwords, size_t count,
+// Popcount of a stream of total_bits bits.
+__global__ void PopcountKernel(const uint32_t* words, size_t nwords, size_t total_bits,
                                uint32_t* popcount) {
   for (size_t w = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; w < nwords;
        w += static_cast<size_t>(blockDim.x) * gridDim.x) {
     uint32_t word = words[w];
     // bits past the end must be clear: a set one makes the count wrong on purpose
-    if (w == nwords - 1 && count % 32 && (word >> (count % 32))) word = 0xffffffffu;
+    if (w == nwords - 1 && total_bits % 32 && (word >> (total_bits % 32))) word = 0xffffffffu;
     atomicAdd(popcount, static_cast<uint32_t>(__popc(word)));
+  }
+}
+
+__global__ void PackCodesKernel(const int32_t* v, size_t count, int bits, bool argmax,
+                                comet_codes::PoolGeometry g, uint32_t* words, size_t nwords,
+                                uint32_t* popcount, int* bad) {
+  for (size_t w = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; w < nwords;
+       w += static_cast<size_t>(blockDim.x) * gridDim.x) {
+    bool b = false;
+    const uint32_t word = comet_codes::pack_codes(v, count, bits, w, argmax, g, &b);
+    words[w] = word;
+    atomicAdd(popcount, static_cast<uint32_t>(__popc(word)));
+    if (b) atomicOr(bad, 1);
+  }
+}
+
+__global__ void UnpackCodesKernel(const uint32_t* words, size_t count, int bits, bool argmax,
+                                  comet_codes::PoolGeometry g, int32_t* v) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(blockDim.x) * gridDim.x) {
+    v[i] = comet_codes::unpack_code(words, i, bits, argmax, g);
+  }
+}
+
+__global__ void ReluBackwardKernel(const uint32_t* words, size_t count, const float* top_diff,
+                                   float* bottom_diff, float negative_slope) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(blockDim.x) * gridDim.x) {
+    bottom_diff[i] = comet_codes::relu_diff(top_diff[i], words[i / 32],
+                                            static_cast<int>(i % 32), negative_slope);
   }
 }
 
@@ -68,23 +100,61 @@ void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* p
   *nonfinite = h[1] != 0;
 }
 
+// Sets *popcount to the popcount of a device bit stream (for the callers' checks).
+static void DevicePopcount(const uint32_t* words, size_t total_bits, uint32_t* popcount) {
+  const size_t nwords = (total_bits + 31) / 32;
+  uint32_t* d_count;
+  CometGpuMalloc(reinterpret_cast<void**>(&d_count), sizeof(uint32_t));
+  CUDA_CHECK(cudaMemset(d_count, 0, sizeof(uint32_t)));
+  PopcountKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(words, nwords, total_bits, d_count);
+  CUDA_POST_KERNEL_CHECK;
+  CUDA_CHECK(cudaMemcpy(popcount, d_count, sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  CometGpuFree(d_count, sizeof(uint32_t));
+}
+
 // Unpacks words into x (1 or 0), or with apply_signs clamps x to the recorded signs; counts the
 // set bits for the caller's check.
 void CometMaskDecodeGpu(const uint32_t* words, size_t count, float* x, bool apply_signs,
                         uint32_t* popcount) {
-  const size_t nwords = comet_mask::words(count);
-  uint32_t* d_count;
-  CometGpuMalloc(reinterpret_cast<void**>(&d_count), sizeof(uint32_t));
-  CUDA_CHECK(cudaMemset(d_count, 0, sizeof(uint32_t)));
-  PopcountKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(words, nwords, count, d_count);
   if (apply_signs) {
     ApplySignsKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, x);
   } else {
     UnpackKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, x);
   }
   CUDA_POST_KERNEL_CHECK;
-  CUDA_CHECK(cudaMemcpy(popcount, d_count, sizeof(uint32_t), cudaMemcpyDeviceToHost));
-  CometGpuFree(d_count, sizeof(uint32_t));
+  DevicePopcount(words, count, popcount);
+}
+
+void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
+                       const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
+                       bool* bad) {
+  const size_t nwords = comet_codes::words(count, bits);
+  uint32_t* d_counts;  // [popcount, bad]
+  CometGpuMalloc(reinterpret_cast<void**>(&d_counts), 2 * sizeof(uint32_t));
+  CUDA_CHECK(cudaMemset(d_counts, 0, 2 * sizeof(uint32_t)));
+  PackCodesKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(
+      v, count, bits, argmax, g, words, nwords, d_counts, reinterpret_cast<int*>(d_counts + 1));
+  CUDA_POST_KERNEL_CHECK;
+  uint32_t h[2];
+  CUDA_CHECK(cudaMemcpy(h, d_counts, sizeof(h), cudaMemcpyDeviceToHost));
+  CometGpuFree(d_counts, 2 * sizeof(uint32_t));
+  *popcount = h[0];
+  *bad = h[1] != 0;
+}
+
+void CometCodesUnpackGpu(const uint32_t* words, size_t count, int bits, bool argmax,
+                         const comet_codes::PoolGeometry& g, int32_t* v, uint32_t* popcount) {
+  UnpackCodesKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, bits, argmax, g, v);
+  CUDA_POST_KERNEL_CHECK;
+  DevicePopcount(words, count * bits, popcount);
+}
+
+void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_diff,
+                          float* bottom_diff, float negative_slope, uint32_t* popcount) {
+  ReluBackwardKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, top_diff,
+                                                                bottom_diff, negative_slope);
+  CUDA_POST_KERNEL_CHECK;
+  DevicePopcount(words, count, popcount);
 }
 
 }  // namespace caffe

@@ -1,5 +1,6 @@
-// COMET-Caffe: compressed payloads of SyncedMemory, their encoders and decoders, the GPU pool.
+// COMET-Caffe: compressed payloads of SyncedMemory, their encoders and decoders, the memory pools.
 #include <algorithm>
+#include <list>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,10 +20,17 @@ void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* p
                       bool* nonfinite);
 void CometMaskDecodeGpu(const uint32_t* words, size_t count, float* x, bool apply_signs,
                         uint32_t* popcount);
+void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
+                       const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
+                       bool* bad);
+void CometCodesUnpackGpu(const uint32_t* words, size_t count, int bits, bool argmax,
+                         const comet_codes::PoolGeometry& g, int32_t* v, uint32_t* popcount);
+void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_diff,
+                          float* bottom_diff, float negative_slope, uint32_t* popcount);
 #endif
 
 CometPayload::CometPayload(Kind kind, bool on_device, size_t count, const std::string& name)
-    : mask_popcount(0), kind_(kind), on_device_(on_device), count_(count), bytes_(0),
+    : mask_popcount(0), code_bits(0), kind_(kind), on_device_(on_device), count_(count), bytes_(0),
       name_(name), device_(NULL) {}
 
 CometPayload::~CometPayload() {
@@ -144,6 +152,129 @@ shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool o
 
 namespace {
 
+// Popcount of a host bit stream of total_bits bits; bits past the end must be clear, and a set
+// one makes the count wrong on purpose.
+uint32_t HostPopcount(const uint32_t* words, size_t total_bits) {
+  const size_t nwords = (total_bits + 31) / 32;
+  uint32_t popcount = 0;
+  for (size_t w = 0; w < nwords; ++w) popcount += __builtin_popcount(words[w]);
+  if (total_bits % 32 && (words[nwords - 1] >> (total_bits % 32))) popcount = ~popcount;
+  return popcount;
+}
+
+shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, size_t count,
+                                     int bits, const comet_codes::PoolGeometry& g,
+                                     bool on_device, const std::string& name) {
+  shared_ptr<CometPayload> p(new CometPayload(kind, on_device, count, name));
+  const bool argmax = kind == CometPayload::ARGMAX;
+  const size_t nwords = comet_codes::words(count, bits);
+  p->Allocate(nwords * sizeof(uint32_t));
+  p->code_bits = bits;
+  p->pool = g;
+  bool bad = false;
+  uint32_t popcount = 0;
+  if (!on_device) {
+    uint32_t* words = static_cast<uint32_t*>(p->data());
+    for (size_t w = 0; w < nwords; ++w)
+      words[w] = comet_codes::pack_codes(v, count, bits, w, argmax, g, &bad);
+    popcount = HostPopcount(words, count * bits);
+  } else {
+#ifndef CPU_ONLY
+    CometCodesPackGpu(v, count, bits, argmax, g, static_cast<uint32_t*>(p->data()), &popcount,
+                      &bad);
+#else
+    NO_GPU;
+#endif
+  }
+  if (bad) return shared_ptr<CometPayload>();
+  p->mask_popcount = popcount;
+  return p;
+}
+
+bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
+  const bool argmax = p.kind() == CometPayload::ARGMAX;
+  if (comet_codes::bits_for(argmax ? p.pool.kernel_h * p.pool.kernel_w : 2) != p.code_bits ||
+      p.bytes() != comet_codes::words(p.count(), p.code_bits) * sizeof(uint32_t)) {
+    *error = "code width does not match";
+    return false;
+  }
+  uint32_t popcount = 0;
+  if (!p.on_device()) {
+    const uint32_t* words = static_cast<const uint32_t*>(p.data());
+    for (size_t i = 0; i < p.count(); ++i)
+      out[i] = comet_codes::unpack_code(words, i, p.code_bits, argmax, p.pool);
+    popcount = HostPopcount(words, p.count() * p.code_bits);
+  } else {
+#ifndef CPU_ONLY
+    CometCodesUnpackGpu(static_cast<const uint32_t*>(p.data()), p.count(), p.code_bits, argmax,
+                        p.pool, out, &popcount);
+#else
+    NO_GPU;
+#endif
+  }
+  if (popcount != p.mask_popcount) {
+    *error = "code check failed (bits changed since they were stored)";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+shared_ptr<CometPayload> CometEncodeArgmax(const int* idx, size_t count,
+                                           const comet_codes::PoolGeometry& g, bool on_device,
+                                           const std::string& name) {
+  const int bits = comet_codes::bits_for(g.kernel_h * g.kernel_w);
+  if (bits == 0) return shared_ptr<CometPayload>();  // a window of more than 65536 values
+  return EncodeCodes(CometPayload::ARGMAX, idx, count, bits, g, on_device, name);
+}
+
+shared_ptr<CometPayload> CometEncodeBinary(const unsigned int* v, size_t count, bool on_device,
+                                           const std::string& name) {
+  comet_codes::PoolGeometry none = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0};
+  return EncodeCodes(CometPayload::BINARY, reinterpret_cast<const int32_t*>(v), count, 1, none,
+                     on_device, name);
+}
+
+bool CometReluBackward(const CometPayload& mask, const float* top_diff, float* bottom_diff,
+                       float negative_slope, std::string* error) {
+  if (mask.kind() != CometPayload::MASK) {
+    *error = "not a sign mask";
+    return false;
+  }
+  uint32_t popcount = 0;
+  const size_t count = mask.count();
+  if (!mask.on_device()) {
+    const uint32_t* words = static_cast<const uint32_t*>(mask.data());
+    const size_t full = count / 32;
+    for (size_t w = 0; w < full; ++w) {  // fixed 32-wide inner loop, vectorizable
+      const float* t = top_diff + 32 * w;
+      float* b = bottom_diff + 32 * w;
+      const uint32_t word = words[w];
+      for (int k = 0; k < 32; ++k) b[k] = comet_codes::relu_diff(t[k], word, k, negative_slope);
+    }
+    for (size_t i = 32 * full; i < count; ++i) {
+      bottom_diff[i] = comet_codes::relu_diff(top_diff[i], words[i / 32],
+                                              static_cast<int>(i % 32), negative_slope);
+    }
+    popcount = HostPopcount(words, count);
+  } else {
+#ifndef CPU_ONLY
+    CometReluBackwardGpu(static_cast<const uint32_t*>(mask.data()), count, top_diff, bottom_diff,
+                         negative_slope, &popcount);
+#else
+    NO_GPU;
+#endif
+  }
+  if (popcount != mask.mask_popcount) {
+    *error = "mask check failed (bits changed since it was stored)";
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
 // Unpacks a mask into out (1 or 0), or with apply_signs clamps out to the recorded signs.
 bool DecodeMask(const CometPayload& p, float* out, bool apply_signs, std::string* error) {
   uint32_t popcount = 0;
@@ -163,10 +294,7 @@ bool DecodeMask(const CometPayload& p, float* out, bool apply_signs, std::string
       out[i] = apply_signs ? comet_mask::apply_sign(out[i], words[i / 32], i % 32)
                            : comet_mask::value_of(words[i / 32], i % 32);
     }
-    const size_t nwords = comet_mask::words(p.count());
-    for (size_t w = 0; w < nwords; ++w) popcount += __builtin_popcount(words[w]);
-    // bits past the end of the last word must be clear
-    if (p.count() % 32 && (words[nwords - 1] >> (p.count() % 32))) popcount = ~popcount;
+    popcount = HostPopcount(words, p.count());
   } else {
 #ifndef CPU_ONLY
     CometMaskDecodeGpu(static_cast<const uint32_t*>(p.data()), p.count(), out, apply_signs,
@@ -190,7 +318,10 @@ void CometMarkReleased(SyncedMemory* mem, const std::string& what) {
                                               mem->size() / sizeof(float), what));
 }
 
-bool CometDecode(const CometPayload& p, float* out, std::string* error) {
+bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
+  if (p.kind() == CometPayload::ARGMAX || p.kind() == CometPayload::BINARY)
+    return DecodeCodes(p, static_cast<int32_t*>(dense), error);
+  float* out = static_cast<float*>(dense);
   if (p.kind() == CometPayload::RELEASED) {
     // The memory was freshly allocated and zeroed by SyncedMemory; say why it is zero.
     LOG_FIRST_N(WARNING, 20) << "COMET: the " << p.name() << " was freed after its last use in "
@@ -254,8 +385,7 @@ void CometRestore(SyncedMemory* mem) {
   p.swap(mem->comet_payload());  // detached first: the accesses below must not recurse
   CPUTimer timer;
   timer.Start();
-  float* out = static_cast<float*>(p->on_device() ? mem->mutable_gpu_data()
-                                                  : mem->mutable_cpu_data());
+  void* out = p->on_device() ? mem->mutable_gpu_data() : mem->mutable_cpu_data();
   CHECK_GE(mem->size(), p->dense_bytes()) << "COMET: blob " << p->name() << " shrank";
   std::string error;
   if (!CometDecode(*p, out, &error)) {
@@ -265,88 +395,202 @@ void CometRestore(SyncedMemory* mem) {
   if (p->timing) p->timing->decode_ms += timer.MilliSeconds();
 }
 
-// ------------------------------------------------------------------------------ GPU pool
+// ------------------------------------------------------------------------------ pools
+namespace {
+
+// Freed blocks kept by (device, size) for the next allocation of that size. in_use counts the
+// blocks handed out while enabled; the cache is trimmed, oldest first, so that in_use + cached
+// never exceeds the largest in_use seen: reuse saves the allocation and its page faults without
+// raising the peak.
+class BlockPool {
+ public:
+  typedef std::pair<int, size_t> Key;
+  typedef void (*FreeFn)(void* ptr);
+  explicit BlockPool(FreeFn free_fn)
+      : enabled(0), in_use(0), cached(0), peak_in_use(0), hits(0), misses(0), evicted(0),
+        free_fn_(free_fn) {}
+
+  // A cached block for key, or NULL (the caller allocates and calls Track).
+  void* Take(const Key& key) {
+    std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.find(key);
+    if (it == by_key_.end()) {
+      ++misses;
+      return NULL;
+    }
+    void* ptr = it->second->ptr;
+    lru_.erase(it->second);
+    by_key_.erase(it);
+    cached -= key.second;
+    ++hits;
+    Track(ptr, key.second);
+    return ptr;
+  }
+  void Track(void* ptr, size_t size) {
+    live_[ptr] = size;
+    in_use += size;
+    peak_in_use = std::max(peak_in_use, in_use);
+    Trim();
+  }
+  // Takes the block back into the cache; false when the caller must free it itself.
+  bool Give(void* ptr, const Key& key) {
+    std::map<void*, size_t>::iterator it = live_.find(ptr);
+    if (it != live_.end()) {
+      in_use -= it->second;
+      live_.erase(it);
+    }
+    if (!enabled) return false;
+    Block b = {key, ptr};
+    by_key_.insert(std::make_pair(key, lru_.insert(lru_.end(), b)));
+    cached += key.second;
+    Trim();
+    return true;
+  }
+  void ReleaseCached() {
+    for (std::list<Block>::iterator it = lru_.begin(); it != lru_.end(); ++it) free_fn_(it->ptr);
+    evicted += lru_.size();
+    lru_.clear();
+    by_key_.clear();
+    cached = 0;
+  }
+  CometPoolStats Stats() const {
+    CometPoolStats s = {in_use, cached, peak_in_use, hits, misses, evicted};
+    return s;
+  }
+
+  boost::mutex mutex;
+  int enabled;
+  size_t in_use, cached, peak_in_use, hits, misses, evicted;
+
+ private:
+  struct Block {
+    Key key;
+    void* ptr;
+  };
+  void Trim() {
+    while (!lru_.empty() && in_use + cached > peak_in_use) {
+      Block b = lru_.front();
+      lru_.pop_front();
+      std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.find(b.key);
+      while (it->second->ptr != b.ptr) ++it;
+      by_key_.erase(it);
+      cached -= b.key.second;
+      free_fn_(b.ptr);
+      ++evicted;
+    }
+  }
+  std::list<Block> lru_;  // cached blocks, oldest first
+  std::multimap<Key, std::list<Block>::iterator> by_key_;
+  std::map<void*, size_t> live_;
+  FreeFn free_fn_;
+};
+
+void HostRelease(void* ptr) { CaffeFreeHost(ptr, false); }
+
+BlockPool& HostPool() {
+  static BlockPool* pool = new BlockPool(HostRelease);  // never destroyed: frees come at exit
+  return *pool;
+}
+
+// Small blocks are served well by malloc; the pool is for activation-sized ones.
+const size_t kHostPoolMinBytes = 1 << 20;
+
+bool HostPoolApplies(size_t size) {
+  return size >= kHostPoolMinBytes && Caffe::mode() == Caffe::CPU;  // GPU mode: pinned memory
+}
+
+}  // namespace
+
+void CometHostPoolEnable(bool on) {
+  BlockPool& pool = HostPool();
+  boost::mutex::scoped_lock lock(pool.mutex);
+  pool.enabled += on ? 1 : -1;
+  if (!pool.enabled) pool.ReleaseCached();
+}
+
+void CometHostMalloc(void** ptr, size_t size, bool* use_cuda) {
+  BlockPool& pool = HostPool();
+  if (HostPoolApplies(size)) {
+    boost::mutex::scoped_lock lock(pool.mutex);
+    if (pool.enabled) {
+      *use_cuda = false;
+      *ptr = pool.Take(BlockPool::Key(-1, size));
+      if (!*ptr) {
+        CaffeMallocHost(ptr, size, use_cuda);
+        pool.Track(*ptr, size);
+      }
+      return;
+    }
+  }
+  CaffeMallocHost(ptr, size, use_cuda);
+}
+
+void CometHostFree(void* ptr, size_t size, bool use_cuda) {
+  if (!use_cuda && size >= kHostPoolMinBytes) {
+    BlockPool& pool = HostPool();
+    boost::mutex::scoped_lock lock(pool.mutex);
+    if (pool.Give(ptr, BlockPool::Key(-1, size))) return;
+  }
+  CaffeFreeHost(ptr, use_cuda);
+}
+
+CometPoolStats CometHostPoolQuery() {
+  BlockPool& pool = HostPool();
+  boost::mutex::scoped_lock lock(pool.mutex);
+  return pool.Stats();
+}
+
 #ifndef CPU_ONLY
 namespace {
 
-struct GpuPool {
-  boost::mutex mutex;
-  int enabled;
-  std::multimap<std::pair<int, size_t>, void*> free_blocks;  // (device, size) -> block
-  size_t in_use, cached, peak_in_use;
-  GpuPool() : enabled(0), in_use(0), cached(0), peak_in_use(0) {}
+void GpuRelease(void* ptr) { CUDA_CHECK(cudaFree(ptr)); }
 
-  void ReleaseCached() {
-    for (std::multimap<std::pair<int, size_t>, void*>::iterator it = free_blocks.begin();
-         it != free_blocks.end(); ++it) {
-      CUDA_CHECK(cudaFree(it->second));
-    }
-    free_blocks.clear();
-    cached = 0;
-  }
-};
-
-GpuPool& Pool() {
-  static GpuPool* pool = new GpuPool();  // never destroyed: frees may come during exit
+BlockPool& GpuPool() {
+  static BlockPool* pool = new BlockPool(GpuRelease);  // never destroyed: frees come at exit
   return *pool;
 }
 
 }  // namespace
 
 void CometGpuPoolEnable(bool on) {
-  GpuPool& pool = Pool();
+  BlockPool& pool = GpuPool();
   boost::mutex::scoped_lock lock(pool.mutex);
   pool.enabled += on ? 1 : -1;
+  if (!pool.enabled) pool.ReleaseCached();
 }
 
 void CometGpuMalloc(void** ptr, size_t size) {
-  GpuPool& pool = Pool();
+  BlockPool& pool = GpuPool();
   boost::mutex::scoped_lock lock(pool.mutex);
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  std::multimap<std::pair<int, size_t>, void*>::iterator it =
-      pool.free_blocks.find(std::make_pair(device, size));
-  if (it != pool.free_blocks.end()) {
-    *ptr = it->second;
-    pool.free_blocks.erase(it);
-    pool.cached -= size;
-  } else {
-    cudaError_t err = cudaMalloc(ptr, size);
-    if (err == cudaErrorMemoryAllocation && pool.cached) {
-      cudaGetLastError();  // clear it, give the cache back and try once more
-      pool.ReleaseCached();
-      err = cudaMalloc(ptr, size);
-    }
-    CUDA_CHECK(err);
+  if (pool.enabled && (*ptr = pool.Take(BlockPool::Key(device, size)))) return;
+  cudaError_t err = cudaMalloc(ptr, size);
+  if (err == cudaErrorMemoryAllocation && pool.cached) {
+    cudaGetLastError();  // clear it, give the cache back and try once more
+    pool.ReleaseCached();
+    err = cudaMalloc(ptr, size);
   }
-  pool.in_use += size;
-  pool.peak_in_use = std::max(pool.peak_in_use, pool.in_use);
+  CUDA_CHECK(err);
+  if (pool.enabled) pool.Track(*ptr, size);
 }
 
 void CometGpuFree(void* ptr, size_t size) {
-  GpuPool& pool = Pool();
+  BlockPool& pool = GpuPool();
   boost::mutex::scoped_lock lock(pool.mutex);
-  pool.in_use -= std::min(pool.in_use, size);
-  if (!pool.enabled) {
-    CUDA_CHECK(cudaFree(ptr));
-    return;
-  }
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  pool.free_blocks.insert(std::make_pair(std::make_pair(device, size), ptr));
-  pool.cached += size;
+  if (!pool.Give(ptr, BlockPool::Key(device, size))) CUDA_CHECK(cudaFree(ptr));
 }
 
-CometGpuPoolStats CometGpuPoolQuery() {
-  GpuPool& pool = Pool();
+CometPoolStats CometGpuPoolQuery() {
+  BlockPool& pool = GpuPool();
   boost::mutex::scoped_lock lock(pool.mutex);
-  CometGpuPoolStats s = {pool.in_use, pool.cached, pool.peak_in_use};
-  return s;
+  return pool.Stats();
 }
 #else
 void CometGpuPoolEnable(bool) {}
-CometGpuPoolStats CometGpuPoolQuery() {
-  CometGpuPoolStats s = {0, 0, 0};
+CometPoolStats CometGpuPoolQuery() {
+  CometPoolStats s = {0, 0, 0, 0, 0, 0};
   return s;
 }
 #endif  // CPU_ONLY

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/store.hpp"
 #include "caffe/util/benchmark.hpp"
 #include "caffe/util/io.hpp"
@@ -22,7 +23,8 @@ const char* CometMemory::name(int kind) {
 
 template <typename Dtype>
 const char* CometStore<Dtype>::ActionName(Action a) {
-  static const char* names[] = {"keep", "release", "lossy", "mask"};
+  static const char* names[] = {"keep",   "release", "lossy",    "mask",
+                                "argmax", "binary",  "recompute"};
   return names[a];
 }
 
@@ -133,7 +135,10 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
   net_->add_before_backward(hooks_[2].get());
   net_->add_after_backward(hooks_[3].get());
   solver_->add_callback(this);
-  if (Caffe::mode() == Caffe::GPU) CometGpuPoolEnable(true);
+  if (param_.memory_pool()) {
+    CometHostPoolEnable(true);
+    CometGpuPoolEnable(true);
+  }
 
   stats_path_ = param_.stats_file();
   if (stats_path_.empty() && solver->param().has_snapshot_prefix()) {
@@ -151,7 +156,10 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
 
 template <typename Dtype>
 CometStore<Dtype>::~CometStore() {
-  if (Caffe::mode() == Caffe::GPU) CometGpuPoolEnable(false);
+  if (param_.memory_pool()) {
+    CometHostPoolEnable(false);
+    CometGpuPoolEnable(false);
+  }
 }
 
 template <typename Dtype>
@@ -243,6 +251,7 @@ void CometStore<Dtype>::MakePlan() {
     Entry e;
     e.blob = net_->blob_names()[members[g][0]];
     e.blob_ids = members[g];
+    e.layer = -1;
     e.last_forward = last_fwd[g];
     e.last_backward = readers[g].empty() ? -1 : last_bwd[g];
     e.timing.reset(new CometTiming());
@@ -307,6 +316,40 @@ void CometStore<Dtype>::MakePlan() {
     }
   }
 
+  // Layer-private buffers that only the layer's own backward reads.
+  private_of_layer_.assign(L, std::vector<int>());
+  relu_skipped_.assign(L, false);
+  for (int i = 0; i < L && param_.layer_buffers(); ++i) {
+    if (!net_->layer_need_backward()[i]) continue;
+    Layer<Dtype>* layer = net_->layers()[i].get();
+    Entry e;
+    e.layer = i;
+    e.name = net_->layer_names()[i];
+    if (CometLayerAccess<Dtype>::argmax(layer)) {
+      e.action = ARGMAX;
+      e.blob = e.name + " argmax";
+    } else if (CometLayerAccess<Dtype>::dropout_mask(layer) && net_->phase() == TRAIN) {
+      e.action = BINARY;
+      e.blob = e.name + " mask";
+    } else if (CometLayerAccess<Dtype>::lrn_scale(layer)) {
+      e.action = RECOMPUTE;
+      e.blob = e.name + " scale";
+    } else {
+      continue;
+    }
+    e.last_forward = e.last_backward = i;
+    e.signs = false;
+    e.timing.reset(new CometTiming());
+    e.dense_bytes = e.stored_bytes = e.encode_ms = e.eb_sum = 0;
+    e.samples = 0;
+    e.last_ratio = e.last_ms = e.last_eb = 0;
+    e.last_dense = e.last_stored = 0;
+    private_of_layer_[i].push_back(entries_.size());
+    after_forward_[i].push_back(entries_.size());
+    after_backward_[i].push_back(entries_.size());
+    entries_.push_back(e);
+  }
+
   // Activation diffs: free after the last layer whose backward touches them.
   diff_release_.assign(L, std::vector<int>());
   if (param_.release_diffs()) {
@@ -345,6 +388,7 @@ std::string CometStore<Dtype>::Plan() const {
     os << "COMET plan: blob " << en.blob << " -> " << ActionName(en.action) << " after "
        << net_->layer_names()[en.last_forward] << " forward";
     if (en.action == LOSSY || en.action == MASK) os << ", for " << en.name << " backward";
+    if (en.action == RECOMPUTE) os << ", recomputed before its backward";
     if (en.signs) os << " (+ sign mask)";
     if (e + 1 < entries_.size()) os << "\n";
   }
@@ -384,6 +428,66 @@ void CometStore<Dtype>::BeforeForward(int layer) {
     if (mem->comet_payload()) mem->comet_payload().reset();
     if (entry_of_blob_[ids[k]] >= 0) entries_[entry_of_blob_[ids[k]]].stored.reset();
   }
+  const std::vector<int>& own = private_of_layer_[layer];
+  for (int k = 0; k < own.size(); ++k) {
+    Entry& e = entries_[own[k]];
+    SyncedMemory* mem = PrivateBuffer(e);
+    if (mem->comet_payload()) mem->comet_payload().reset();
+    e.stored.reset();
+  }
+}
+
+template <typename Dtype>
+SyncedMemory* CometStore<Dtype>::PrivateBuffer(const Entry& e) const {
+  Layer<Dtype>* layer = net_->layers()[e.layer].get();
+  switch (e.action) {
+    case ARGMAX: return CometLayerAccess<Dtype>::argmax(layer)->data().get();
+    case BINARY: return CometLayerAccess<Dtype>::dropout_mask(layer)->data().get();
+    case RECOMPUTE: return CometLayerAccess<Dtype>::lrn_scale(layer)->data().get();
+    default: LOG(FATAL) << "not a layer-private buffer: " << e.blob;
+  }
+  return NULL;
+}
+
+// After the owning layer's forward: argmax and Dropout mask as packed codes, LRN's scale freed.
+template <typename Dtype>
+void CometStore<Dtype>::StorePrivate(Entry* e) {
+  SyncedMemory* mem = PrivateBuffer(*e);
+  if (!mem->comet_can_release() || mem->comet_payload() ||
+      mem->head() == SyncedMemory::UNINITIALIZED) {
+    return;
+  }
+  CPUTimer timer;
+  timer.Start();
+  const size_t count = mem->size() / sizeof(int32_t);
+  shared_ptr<CometPayload> p;
+  if (e->action == RECOMPUTE) {
+    e->dense_bytes += mem->size();
+    mem->comet_release();
+  } else {
+    const bool dev = OnDevice(mem);
+    const void* data = dev ? mem->gpu_data() : mem->cpu_data();
+    if (e->action == ARGMAX) {
+      p = CometEncodeArgmax(static_cast<const int*>(data), count,
+                            CometLayerAccess<Dtype>::geometry(net_->layers()[e->layer].get()),
+                            dev, e->blob);
+    } else {
+      p = CometEncodeBinary(static_cast<const unsigned int*>(data), count, dev, e->blob);
+    }
+    if (!p) {
+      LOG_FIRST_N(WARNING, 10) << "COMET: " << e->blob << " holds a value its code cannot "
+                               << "express (a max over NaN); kept dense this iteration";
+      return;
+    }
+    p->timing = e->timing;
+    mem->comet_release();
+    mem->comet_payload() = p;
+    e->stored = p;
+    e->dense_bytes += p->dense_bytes();
+    e->stored_bytes += p->stored_bytes();
+  }
+  e->encode_ms += timer.MilliSeconds();
+  e->samples += 1;
 }
 
 template <typename Dtype>
@@ -391,6 +495,10 @@ void CometStore<Dtype>::AfterForward(int layer) {
   const std::vector<int>& todo = after_forward_[layer];
   for (int t = 0; t < todo.size(); ++t) {
     Entry& e = entries_[todo[t]];
+    if (e.layer >= 0) {
+      StorePrivate(&e);
+      continue;
+    }
     Blob<Dtype>* blob = net_->blobs()[e.blob_ids[0]].get();
     SyncedMemory* mem = blob->data().get();
     if (!mem->comet_can_release() || mem->comet_payload() ||
@@ -445,12 +553,60 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     SyncedMemory* diff = bottoms[k]->diff().get();
     if (diff->comet_payload()) diff->comet_payload().reset();
   }
+  const std::vector<int>& own = private_of_layer_[layer];
+  for (int k = 0; k < own.size(); ++k) {
+    Entry& e = entries_[own[k]];
+    if (e.action != RECOMPUTE || PrivateBuffer(e)->head() != SyncedMemory::UNINITIALIZED) continue;
+    // LRN's backward reads the scale its forward computed: run the forward again (on the
+    // restored input; the output it rewrites is what the backward reads too).
+    CPUTimer timer;
+    timer.Start();
+    net_->layers()[layer]->Forward(net_->bottom_vecs()[layer], net_->top_vecs()[layer]);
+    e.encode_ms += timer.MilliSeconds();
+  }
+  if (param_.relu_masks() && net_->layers()[layer]->layer_param().type() == "ReLU")
+    ReluBackwardFromMask(layer);
   if (!Measures(layer)) return;
   // ||dy||^2 of the layer's output gradient, for the error estimate after its backward.
   const std::vector<Blob<Dtype>*>& tops = net_->top_vecs()[layer];
   double s = 0;
   for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
   top_diff_sumsq_[layer] = s;
+}
+
+// ReLU's backward needs only the signs of its input, which the store holds as a mask: it computes
+// the gradient from the mask itself and tells Net to skip ReLU's own backward for this step, so
+// the input is never restored (for a conv1-sized ReLU that is 300 MB not allocated and filled).
+template <typename Dtype>
+void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
+  const int b = net_->bottom_ids(layer)[0];
+  std::vector<bool>& propagate =
+      const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer]);
+  if (entry_of_blob_[b] < 0 || !propagate[0]) return;
+  const Entry& e = entries_[entry_of_blob_[b]];
+  const CometPayload* mask = !e.stored ? NULL
+                             : e.action == MASK ? e.stored.get() : e.stored->sign_mask.get();
+  if (!mask) return;  // kept dense this step (NaN or Inf in the input): ReLU runs as usual
+  Blob<Dtype>* top = net_->top_vecs()[layer][0];
+  Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
+  CHECK_EQ(static_cast<size_t>(bottom->count()), mask->count()) << "COMET: " << e.blob;
+  const float slope = net_->layers()[layer]->layer_param().relu_param().negative_slope();
+  const bool dev = mask->on_device();
+  CPUTimer timer;
+  timer.Start();
+  const float* top_diff = reinterpret_cast<const float*>(dev ? top->gpu_diff() : top->cpu_diff());
+  float* bottom_diff = reinterpret_cast<float*>(dev ? bottom->mutable_gpu_diff()
+                                                    : bottom->mutable_cpu_diff());
+  std::string error;
+  if (!CometReluBackward(*mask, top_diff, bottom_diff, slope, &error)) {
+    LOG(FATAL) << "COMET: the sign mask of blob '" << e.blob << "' is corrupt (" << error
+               << "); refusing to use it";
+  }
+  e.timing->decode_ms += timer.MilliSeconds();
+  // Net passes this vector to ReLU's Backward; with it false ReLU leaves the diff as it is.
+  // AfterBackward sets it back.
+  propagate[0] = false;
+  relu_skipped_[layer] = true;
 }
 
 // Whether this iteration measures the error estimate of this layer (an adaptive bound whose
@@ -481,10 +637,19 @@ void CometStore<Dtype>::AfterBackward(int layer) {
       bd.eb = static_cast<float>(eb);
     }
   }
+  if (relu_skipped_[layer]) {
+    const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = true;
+    relu_skipped_[layer] = false;
+  }
   const std::vector<int>& todo = after_backward_[layer];
   for (int t = 0; t < todo.size(); ++t) {
     Entry& e = entries_[todo[t]];
-    SyncedMemory* mem = net_->blobs()[e.blob_ids[0]]->data().get();
+    if (e.action == RECOMPUTE) {
+      PrivateBuffer(e)->comet_release();
+      continue;
+    }
+    SyncedMemory* mem = e.layer >= 0 ? PrivateBuffer(e)
+                                     : net_->blobs()[e.blob_ids[0]]->data().get();
     if (!mem->comet_can_release() || mem->comet_payload() || !e.stored) continue;
     mem->comet_release();  // decoded for backward; the compressed copy goes back on
     mem->comet_payload() = e.stored;
@@ -522,8 +687,11 @@ void CometStore<Dtype>::Sample() {
     CountOnce(params[p]->data().get(), &seen, &cur[CometMemory::WEIGHTS]);
     CountOnce(params[p]->diff().get(), &seen, &cur[CometMemory::GRADIENTS]);
   }
-  for (int e = 0; e < entries_.size(); ++e)  // every payload is held by its entry
+  for (int e = 0; e < entries_.size(); ++e) {  // every payload is held by its entry
     if (entries_[e].stored) cur[CometMemory::COMPRESSED] += entries_[e].stored->stored_bytes();
+    if (entries_[e].layer >= 0)
+      CountOnce(PrivateBuffer(entries_[e]), &seen, &cur[CometMemory::ACTIVATIONS]);
+  }
   cur[CometMemory::SCRATCH] = CometGpuPoolQuery().cached;
   size_t total = 0;
   for (int k = 0; k < CometMemory::NUM_KINDS; ++k) {
@@ -556,7 +724,8 @@ template <typename Dtype>
 void CometStore<Dtype>::Report() {
   const int iter = solver_->iter();
   last_report_iter_ = iter;
-  double dense = 0, stored = 0;
+  double dense = 0, stored = 0;                // net blobs
+  double private_dense = 0, private_stored = 0;  // layer-private buffers
   const bool root = Caffe::root_solver();
   if (root && !stats_path_.empty() && !stats_.is_open()) {
     std::ifstream exists(stats_path_.c_str());
@@ -579,16 +748,21 @@ void CometStore<Dtype>::Report() {
     e.last_ratio = e.stored_bytes > 0 ? e.dense_bytes / e.stored_bytes : 0;
     e.last_ms = (e.encode_ms + e.timing->decode_ms) / e.samples;
     e.last_eb = e.action == LOSSY ? e.eb_sum / e.samples : 0;  // the bound actually used
-    dense += e.last_dense;
-    stored += e.last_stored;
+    (e.layer >= 0 ? private_dense : dense) += e.last_dense;
+    (e.layer >= 0 ? private_stored : stored) += e.last_stored;
     if (root) {
       char line[256];
       if (e.action == LOSSY) {
         snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, eb %.1e, %.1f ms", e.name.c_str(),
                  e.last_ratio, e.last_eb, e.last_ms);
+      } else if (e.action == RECOMPUTE) {
+        snprintf(line, sizeof(line), "COMET %s: scale recomputed, freed %s, %.1f ms",
+                 e.name.c_str(), FormatBytes(e.last_dense).c_str(), e.last_ms);
       } else {
-        snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, mask, %.1f ms", e.name.c_str(),
-                 e.last_ratio, e.last_ms);
+        snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, %s, %.1f ms", e.name.c_str(),
+                 e.last_ratio, e.action == MASK ? "mask" : e.action == ARGMAX ? "argmax"
+                                                                             : "dropout mask",
+                 e.last_ms);
       }
       LOG(INFO) << line;
       if (stats_.is_open()) {
@@ -603,12 +777,17 @@ void CometStore<Dtype>::Report() {
   }
   if (!root) return;
   const CometMemory& m = memory_;
-  char line[512];
+  char line[640];
+  char buffers[128] = "";
+  if (private_dense > 0) {
+    snprintf(buffers, sizeof(buffers), ", layer buffers %s -> %s",
+             FormatBytes(private_dense).c_str(), FormatBytes(private_stored).c_str());
+  }
   snprintf(line, sizeof(line),
-           "COMET total: activations %s -> %s (%.1fx), peak memory %s (weights %s, activations "
+           "COMET total: activations %s -> %s (%.1fx)%s, peak memory %s (weights %s, activations "
            "%s, gradients %s, compressed %s, scratch %s)",
            FormatBytes(dense).c_str(), FormatBytes(stored).c_str(),
-           stored > 0 ? dense / stored : 0., FormatBytes(m.peak_total).c_str(),
+           stored > 0 ? dense / stored : 0., buffers, FormatBytes(m.peak_total).c_str(),
            FormatBytes(m.at_peak[CometMemory::WEIGHTS]).c_str(),
            FormatBytes(m.at_peak[CometMemory::ACTIVATIONS]).c_str(),
            FormatBytes(m.at_peak[CometMemory::GRADIENTS]).c_str(),

@@ -1,7 +1,9 @@
 // COMET-Caffe: tests of the activation store, its payloads and its error bounds (CPU).
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "gtest/gtest.h"
 
 #include "caffe/blob.hpp"
+#include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/store.hpp"
 #include "caffe/common.hpp"
@@ -17,6 +20,7 @@
 #include "caffe/layers/conv_layer.hpp"
 #include "caffe/layers/inner_product_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
+#include "caffe/layers/pooling_layer.hpp"
 #include "caffe/layers/relu_layer.hpp"
 #include "caffe/sgd_solvers.hpp"
 #include "caffe/solver.hpp"
@@ -344,6 +348,132 @@ TEST_F(CometPayloadTest, LrnGradientErrorStaysWithinItsBound) {
   EXPECT_GT(tightest, 0.05) << "the bound is far looser than the errors it bounds";
 }
 
+TEST_F(CometPayloadTest, ReluBackwardFromTheMaskMatchesReluLayerBitForBit) {
+  const float slopes[] = {0.f, 0.1f};
+  for (int k = 0; k < 2; ++k) {
+    LayerParameter lp;
+    lp.mutable_relu_param()->set_negative_slope(slopes[k]);
+    ReLULayer<float> relu(lp);
+    Blob<float> bottom(2, 3, 5, 7), top;  // 210 values: a partial last mask word
+    FillActivations(&bottom, 0.3f, 2.f, 11 + k);
+    float* x = bottom.mutable_cpu_data();
+    for (int i = 0; i < bottom.count(); i += 3) x[i] = -x[i];  // negatives, zeros, positives
+    std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+    relu.SetUp(bv, tv);
+    relu.Forward(bv, tv);
+    shared_ptr<CometPayload> mask =
+        CometEncodeMask(bottom.cpu_data(), bottom.count(), false, "x");
+    ASSERT_TRUE(mask.get() != NULL);
+    FillActivations(&top, 0.f, 1.f, 5);  // top diff
+    caffe_copy(top.count(), top.cpu_data(), top.mutable_cpu_diff());
+    top.mutable_cpu_diff()[4] = -std::numeric_limits<float>::infinity();  // Inf * 0 stays NaN
+    relu.Backward(tv, std::vector<bool>(1, true), bv);
+    std::vector<float> expected(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
+    std::vector<float> got(bottom.count(), 7.f);
+    std::string error;
+    ASSERT_TRUE(CometReluBackward(*mask, top.cpu_diff(), got.data(), slopes[k], &error)) << error;
+    for (int i = 0; i < bottom.count(); ++i) {
+      if (std::isnan(expected[i])) {
+        EXPECT_TRUE(std::isnan(got[i])) << i;
+      } else {
+        ASSERT_EQ(std::memcmp(&expected[i], &got[i], sizeof(float)), 0)
+            << "element " << i << ": " << expected[i] << " vs " << got[i];
+      }
+    }
+    // in place, as an in-place ReLU runs it
+    std::vector<float> diff(top.cpu_diff(), top.cpu_diff() + top.count());
+    ASSERT_TRUE(CometReluBackward(*mask, diff.data(), diff.data(), slopes[k], &error)) << error;
+    EXPECT_EQ(std::memcmp(diff.data() + 5, got.data() + 5, (diff.size() - 5) * sizeof(float)), 0);
+    static_cast<uint32_t*>(mask->data())[2] ^= 0x10u;
+    EXPECT_FALSE(CometReluBackward(*mask, top.cpu_diff(), got.data(), slopes[k], &error));
+  }
+}
+
+TEST_F(CometPayloadTest, ArgmaxCodesRoundTripAndRefuseWhatTheyCannotHold) {
+  LayerParameter lp;
+  PoolingParameter* pp = lp.mutable_pooling_param();
+  pp->set_pool(PoolingParameter_PoolMethod_MAX);
+  pp->set_kernel_size(3);
+  pp->set_stride(2);
+  pp->set_pad(1);  // windows cut by the border, and overlapping ones
+  lp.add_top("pool");
+  PoolingLayer<float> pool(lp);
+  Blob<float> bottom(2, 3, 11, 13), top;
+  FillActivations(&bottom, 0.2f, 1.f, 3);
+  std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+  pool.SetUp(bv, tv);
+  pool.Forward(bv, tv);
+  Blob<int>* idx = CometLayerAccess<float>::argmax(&pool);
+  ASSERT_TRUE(idx != NULL);
+  const comet_codes::PoolGeometry g = CometLayerAccess<float>::geometry(&pool);
+  shared_ptr<CometPayload> p = CometEncodeArgmax(idx->cpu_data(), idx->count(), g, false, "a");
+  ASSERT_TRUE(p.get() != NULL);
+  EXPECT_EQ(p->code_bits, 4);  // 9 offsets in a 3x3 window
+  EXPECT_EQ(p->bytes(), (idx->count() * 4 + 31) / 32 * 4);
+  std::vector<int> out(idx->count(), -7);
+  std::string error;
+  ASSERT_TRUE(CometDecode(*p, out.data(), &error)) << error;
+  for (int i = 0; i < idx->count(); ++i) ASSERT_EQ(out[i], idx->cpu_data()[i]) << i;
+  // a max over a window of NaN leaves -1 upstream: not codable, the buffer stays dense
+  std::vector<int> bad(idx->cpu_data(), idx->cpu_data() + idx->count());
+  bad[5] = -1;
+  EXPECT_TRUE(CometEncodeArgmax(bad.data(), bad.size(), g, false, "a").get() == NULL);
+  bad[5] = idx->cpu_data()[5] + 3 * g.width;  // three rows down: outside its window
+  EXPECT_TRUE(CometEncodeArgmax(bad.data(), bad.size(), g, false, "a").get() == NULL);
+  static_cast<uint32_t*>(p->data())[1] ^= 0x100u;
+  EXPECT_FALSE(CometDecode(*p, out.data(), &error));
+}
+
+TEST_F(CometPayloadTest, DropoutMaskIsOneBitPerValue) {
+  std::vector<unsigned int> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = (i * 7919) % 3 == 0;
+  shared_ptr<CometPayload> p = CometEncodeBinary(v.data(), v.size(), false, "m");
+  ASSERT_TRUE(p.get() != NULL);
+  EXPECT_EQ(p->bytes(), 32u * 4);  // 1000 bits in 32 words
+  std::vector<unsigned int> out(v.size(), 9);
+  std::string error;
+  ASSERT_TRUE(CometDecode(*p, out.data(), &error)) << error;
+  EXPECT_TRUE(out == v);
+  v[3] = 2;
+  EXPECT_TRUE(CometEncodeBinary(v.data(), v.size(), false, "m").get() == NULL);
+}
+
+TEST_F(CometPayloadTest, HostPoolReusesFreedBlocksWithinThePeak) {
+  const size_t mb = 1 << 20;
+  CometHostPoolEnable(true);
+  const CometPoolStats s0 = CometHostPoolQuery();
+  void *a = NULL, *b = NULL, *c = NULL;
+  bool cuda = true;
+  CometHostMalloc(&a, 4 * mb, &cuda);
+  EXPECT_FALSE(cuda);
+  CometHostMalloc(&b, 2 * mb, &cuda);
+  CometHostFree(a, 4 * mb, false);
+  EXPECT_EQ(CometHostPoolQuery().cached, 4 * mb);
+  CometHostMalloc(&c, 4 * mb, &cuda);  // the same size comes back from the pool
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(CometHostPoolQuery().hits, s0.hits + 1);
+  CometHostFree(b, 2 * mb, false);
+  CometHostFree(c, 4 * mb, false);
+  // both fit under the peak in use (6 MB): kept
+  EXPECT_EQ(CometHostPoolQuery().cached, 6 * mb);
+  void* d = NULL;
+  CometHostMalloc(&d, 5 * mb, &cuda);  // a new size: in use 5 + cached 6 > peak: oldest go first
+  const CometPoolStats s1 = CometHostPoolQuery();
+  EXPECT_LE(s1.in_use + s1.cached, s1.peak_in_use);
+  EXPECT_GT(s1.evicted, s0.evicted);
+  std::memset(d, 1, 5 * mb);
+  CometHostFree(d, 5 * mb, false);
+  CometHostPoolEnable(false);  // the last user gone: everything goes back
+  EXPECT_EQ(CometHostPoolQuery().cached, 0u);
+  // small blocks are malloc's business
+  void* e = NULL;
+  CometHostPoolEnable(true);
+  CometHostMalloc(&e, 1000, &cuda);
+  CometHostFree(e, 1000, false);
+  EXPECT_EQ(CometHostPoolQuery().cached, 0u);
+  CometHostPoolEnable(false);
+}
+
 // ---------------------------------------------------------------- the store in a training run
 
 class CometStoreTest : public ::testing::Test {
@@ -417,6 +547,72 @@ TEST_F(CometStoreTest, ExactStagesAreBitIdenticalToCometOff) {
   for (int e = 0; e < on->comet()->entries().size(); ++e)
     mask |= on->comet()->entries()[e].action == CometStore<float>::MASK;
   EXPECT_TRUE(mask);
+}
+
+// Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
+// stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
+TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) {
+  const std::string net =
+      "name: 'buffers' "
+      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "  dummy_data_param { shape { dim: 4 dim: 3 dim: 15 dim: 15 } shape { dim: 4 } "
+      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 2 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "  convolution_param { num_output: 6 kernel_size: 3 "
+      "    weight_filler { type: 'gaussian' std: 0.2 } bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+      "  pooling_param { pool: MAX kernel_size: 3 stride: 2 } } "
+      "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' "
+      "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 } } "
+      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'norm1' top: 'ip1' "
+      "  inner_product_param { num_output: 64 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'drop1' type: 'Dropout' bottom: 'ip1' top: 'ip1' "
+      "  dropout_param { dropout_ratio: 0.5 } } "
+      "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
+      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
+  shared_ptr<Solver<float> > solvers[2];
+  const char* comet[] = {"", "comet { compress_type: 'None' }"};
+  for (int k = 0; k < 2; ++k) {
+    SolverParameter sp;
+    CHECK(google::protobuf::TextFormat::ParseFromString(
+        "base_lr: 0.05 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
+        "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet[k], &sp));
+    CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
+    solvers[k].reset(SolverRegistry<float>::CreateSolver(sp));
+    Run(solvers[k].get(), 6);
+  }
+  const std::vector<float> a = Params(solvers[0].get()), b = Params(solvers[1].get());
+  ASSERT_EQ(a.size(), b.size());
+  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;
+
+  CometStore<float>* store = solvers[1]->comet();
+  std::map<std::string, const CometStore<float>::Entry*> by_blob;
+  for (int e = 0; e < store->entries().size(); ++e)
+    by_blob[store->entries()[e].blob] = &store->entries()[e];
+  ASSERT_TRUE(by_blob.count("pool1 argmax"));
+  ASSERT_TRUE(by_blob.count("drop1 mask"));
+  ASSERT_TRUE(by_blob.count("norm1 scale"));
+  EXPECT_EQ(by_blob["pool1 argmax"]->action, CometStore<float>::ARGMAX);
+  EXPECT_EQ(by_blob["drop1 mask"]->action, CometStore<float>::BINARY);
+  EXPECT_EQ(by_blob["norm1 scale"]->action, CometStore<float>::RECOMPUTE);
+  EXPECT_NEAR(by_blob["pool1 argmax"]->last_ratio, 8.0, 0.5);  // 4-bit codes
+  EXPECT_NEAR(by_blob["drop1 mask"]->last_ratio, 32.0, 0.5);  // 1 bit per value
+  // between forward and backward the buffers are not dense
+  caffe::Net<float>* n = solvers[1]->net().get();
+  n->Forward();
+  Layer<float>* pool1 = n->layer_by_name("pool1").get();
+  Layer<float>* norm1 = n->layer_by_name("norm1").get();
+  EXPECT_TRUE(CometLayerAccess<float>::argmax(pool1)->data()->comet_payload().get() != NULL);
+  EXPECT_EQ(CometLayerAccess<float>::lrn_scale(norm1)->data()->head(),
+            SyncedMemory::UNINITIALIZED);
+  EXPECT_TRUE(n->blob_by_name("conv1")->data()->comet_payload().get() != NULL);
+  n->Backward();
+  // relu1's gradient came from the mask: its input was never restored
+  EXPECT_TRUE(n->blob_by_name("conv1")->data()->comet_payload().get() != NULL);
+  EXPECT_EQ(CometLayerAccess<float>::lrn_scale(norm1)->data()->head(),
+            SyncedMemory::UNINITIALIZED);
 }
 
 TEST_F(CometStoreTest, DisabledBlockMeansNoStore) {

@@ -1,0 +1,92 @@
+#ifndef CAFFE_COMET_CODES_HPP_
+#define CAFFE_COMET_CODES_HPP_
+
+// Per-element logic of COMET's packed codes, shared by the CPU code and the CUDA kernels so that
+// the CPU tests cover both. A code is a small unsigned integer of `bits` bits (1, 2, 4, 8 or 16,
+// so that codes never straddle a word); element i sits at bit (i * bits) % 32 of word
+// (i * bits) / 32. Two kinds of integer buffers are stored this way, losslessly:
+//  - max pooling's argmax: the index of the maximum within its bottom plane, coded as its offset
+//    inside the pooling window (4 bits for a 3x3 window instead of 32);
+//  - Dropout's mask: 0 or 1, one bit.
+
+#include <stdint.h>
+
+#include "caffe/comet/mask.hpp"  // COMET_HD
+
+namespace caffe {
+namespace comet_codes {
+
+// Geometry of one max pooling layer, as PoolingLayer computes its windows.
+struct PoolGeometry {
+  int height, width;            // bottom plane
+  int pooled_height, pooled_width;
+  int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
+};
+
+// Smallest of 1, 2, 4, 8, 16 bits that holds codes 0 .. ncodes-1; 0 when none does.
+COMET_HD int bits_for(uint32_t ncodes) {
+  for (int b = 1; b <= 16; b *= 2)
+    if (ncodes <= (1u << b)) return b;
+  return 0;
+}
+COMET_HD size_t words(size_t count, int bits) { return (count * bits + 31) / 32; }
+COMET_HD uint32_t code_at(const uint32_t* w, size_t i, int bits) {
+  const size_t bit = i * bits;
+  return (w[bit / 32] >> (bit % 32)) & ((bits == 32 ? 0u : (1u << bits)) - 1u);
+}
+
+// The argmax `idx` of pooled element i (flattened over planes and pooled positions) as its
+// offset in the unclamped window; false when it lies outside (upstream's -1 for a window of NaN).
+COMET_HD bool argmax_code(int idx, size_t i, const PoolGeometry& g, uint32_t* code) {
+  const int pw = static_cast<int>(i % g.pooled_width);
+  const int ph = static_cast<int>((i / g.pooled_width) % g.pooled_height);
+  const int dh = (idx >= 0 ? idx / g.width : -1) - (ph * g.stride_h - g.pad_h);
+  const int dw = (idx >= 0 ? idx % g.width : -1) - (pw * g.stride_w - g.pad_w);
+  if (idx < 0 || dh < 0 || dh >= g.kernel_h || dw < 0 || dw >= g.kernel_w) return false;
+  *code = static_cast<uint32_t>(dh * g.kernel_w + dw);
+  return true;
+}
+COMET_HD int argmax_index(uint32_t code, size_t i, const PoolGeometry& g) {
+  const int pw = static_cast<int>(i % g.pooled_width);
+  const int ph = static_cast<int>((i / g.pooled_width) % g.pooled_height);
+  const int h = ph * g.stride_h - g.pad_h + static_cast<int>(code) / g.kernel_w;
+  const int w = pw * g.stride_w - g.pad_w + static_cast<int>(code) % g.kernel_w;
+  return h * g.width + w;
+}
+
+// Packs the codes of elements in word wi; *bad is set when an element cannot be coded. `argmax`
+// selects argmax codes (values are indices) or binary codes (values are 0 or 1).
+COMET_HD uint32_t pack_codes(const int32_t* v, size_t count, int bits, size_t wi, bool argmax,
+                             const PoolGeometry& g, bool* bad) {
+  const size_t per = 32 / bits;
+  const size_t begin = wi * per;
+  const size_t end = begin + per < count ? begin + per : count;
+  uint32_t word = 0;
+  for (size_t i = begin; i < end; ++i) {
+    uint32_t code = 0;
+    if (argmax) {
+      if (!argmax_code(v[i], i, g, &code)) *bad = true;
+    } else {
+      if (v[i] != 0 && v[i] != 1) *bad = true;
+      code = v[i] == 1 ? 1u : 0u;
+    }
+    word |= code << ((i - begin) * bits);
+  }
+  return word;
+}
+COMET_HD int32_t unpack_code(const uint32_t* w, size_t i, int bits, bool argmax,
+                             const PoolGeometry& g) {
+  const uint32_t code = code_at(w, i, bits);
+  return argmax ? argmax_index(code, i, g) : static_cast<int32_t>(code);
+}
+
+// ReLU's backward from the sign mask alone: upstream computes
+// top_diff * ((x > 0) + negative_slope * (x <= 0)), and the mask bit is x > 0.
+COMET_HD float relu_diff(float top_diff, uint32_t word, int bit, float negative_slope) {
+  return top_diff * (((word >> bit) & 1u) ? 1.f : negative_slope);
+}
+
+}  // namespace comet_codes
+}  // namespace caffe
+
+#endif  // CAFFE_COMET_CODES_HPP_
