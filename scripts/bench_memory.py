@@ -83,7 +83,7 @@ def run(caffe: Path, workdir: Path, name: str, net_text: str, comet: bool, iters
     solver = workdir / f"{name}_solver.prototxt"
     solver.write_text(
         f'net: "{net}"\nbase_lr: 0.001\nmomentum: 0.9\nweight_decay: 0.0005\nlr_policy: "fixed"\n'
-        f'display: 1\nmax_iter: {iters}\nsnapshot: 0\nsnapshot_prefix: "{workdir / name}"\n'
+        f'display: 1\nmax_iter: {iters}\nsnapshot: 0\nsnapshot_after_train: false\nsnapshot_prefix: "{workdir / name}"\n'
         f'solver_mode: {"GPU" if gpu is not None else "CPU"}\nrandom_seed: 1\n'
         + (COMET_BLOCK if comet else ""))
     cmd = [str(caffe), "train", "-solver", str(solver)]
@@ -116,13 +116,17 @@ def to_bytes(num: str, unit: str) -> float:
 
 
 def comet_figures(text: str) -> dict:
-    lines = re.findall(r"COMET total: activations ([\d.]+) (\wB) -> ([\d.]+) (\wB) \(([\d.]+)x\), "
+    lines = re.findall(r"COMET total: activations ([\d.]+) (\wB) -> ([\d.]+) (\wB) \(([\d.]+)x\)"
+                       r"(?:, layer buffers ([\d.]+) (\wB) -> ([\d.]+) (\wB))?, "
                        r"peak memory ([\d.]+) (\wB)", text)
     if not lines:
         return {}
-    a, au, b, bu, ratio, p, pu = lines[-1]
-    return {"dense": to_bytes(a, au), "stored": to_bytes(b, bu), "ratio": float(ratio),
-            "tracked_peak": to_bytes(p, pu)}
+    a, au, b, bu, ratio, la, lau, lb, lbu, p, pu = lines[-1]
+    out = {"dense": to_bytes(a, au), "stored": to_bytes(b, bu), "ratio": float(ratio),
+           "tracked_peak": to_bytes(p, pu)}
+    if la:
+        out["buffers_dense"], out["buffers_stored"] = to_bytes(la, lau), to_bytes(lb, lbu)
+    return out
 
 
 def mb(x: float) -> str:
@@ -181,12 +185,13 @@ def main() -> int:
            + (f" --gpu {args.gpu}" if args.gpu is not None else "") + "`",
            "",
            "| batch | COMET | peak RSS (MB) | RSS off/on | stored activations (MB): dense -> compressed | "
-           "tracked peak (MB) | s/iter | time vs off |",
-           "|---:|:---:|---:|---:|---:|---:|---:|---:|"]
+           "layer buffers (MB) | tracked peak (MB) | s/iter | time vs off |",
+           "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         act = f"{mb(r['dense'])} -> {mb(r['stored'])} ({r['ratio']:.1f}x)" if "ratio" in r else "-"
+        buffers = f"{mb(r['buffers_dense'])} -> {mb(r['buffers_stored'])}" if "buffers_dense" in r else "-"
         out.append(f"| {r['batch']} | {r['comet']} | {mb(r['rss'])} | "
-                   f"{r.get('rss_x', 1):.2f}x | {act} | "
+                   f"{r.get('rss_x', 1):.2f}x | {act} | {buffers} | "
                    f"{mb(r['tracked_peak']) if 'tracked_peak' in r else '-'} | {r['s_per_iter']:.2f} | "
                    f"{('%+.1f%%' % r['time_pct']) if 'time_pct' in r else '-'} |")
     table = "\n".join(out)

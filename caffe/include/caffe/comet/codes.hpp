@@ -37,21 +37,26 @@ COMET_HD uint32_t code_at(const uint32_t* w, size_t i, int bits) {
 
 // The argmax `idx` of pooled element i (flattened over planes and pooled positions) as its
 // offset in the unclamped window; false when it lies outside (upstream's -1 for a window of NaN).
-COMET_HD bool argmax_code(int idx, size_t i, const PoolGeometry& g, uint32_t* code) {
-  const int pw = static_cast<int>(i % g.pooled_width);
-  const int ph = static_cast<int>((i / g.pooled_width) % g.pooled_height);
+// (ph, pw): the pooled position of element i.
+COMET_HD bool argmax_code_at(int idx, int ph, int pw, const PoolGeometry& g, uint32_t* code) {
   const int dh = (idx >= 0 ? idx / g.width : -1) - (ph * g.stride_h - g.pad_h);
   const int dw = (idx >= 0 ? idx % g.width : -1) - (pw * g.stride_w - g.pad_w);
   if (idx < 0 || dh < 0 || dh >= g.kernel_h || dw < 0 || dw >= g.kernel_w) return false;
   *code = static_cast<uint32_t>(dh * g.kernel_w + dw);
   return true;
 }
-COMET_HD int argmax_index(uint32_t code, size_t i, const PoolGeometry& g) {
-  const int pw = static_cast<int>(i % g.pooled_width);
-  const int ph = static_cast<int>((i / g.pooled_width) % g.pooled_height);
+COMET_HD bool argmax_code(int idx, size_t i, const PoolGeometry& g, uint32_t* code) {
+  return argmax_code_at(idx, static_cast<int>((i / g.pooled_width) % g.pooled_height),
+                        static_cast<int>(i % g.pooled_width), g, code);
+}
+COMET_HD int argmax_index_at(uint32_t code, int ph, int pw, const PoolGeometry& g) {
   const int h = ph * g.stride_h - g.pad_h + static_cast<int>(code) / g.kernel_w;
   const int w = pw * g.stride_w - g.pad_w + static_cast<int>(code) % g.kernel_w;
   return h * g.width + w;
+}
+COMET_HD int argmax_index(uint32_t code, size_t i, const PoolGeometry& g) {
+  return argmax_index_at(code, static_cast<int>((i / g.pooled_width) % g.pooled_height),
+                         static_cast<int>(i % g.pooled_width), g);
 }
 
 // Packs the codes of elements in word wi; *bad is set when an element cannot be coded. `argmax`

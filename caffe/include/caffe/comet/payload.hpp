@@ -34,10 +34,8 @@ class CometPayload {
 
   // Allocates the payload bytes on the host or (CUDA builds) the device.
   void Allocate(size_t bytes);
-  void* data() { return on_device_ ? device_ : static_cast<void*>(host_.data()); }
-  const void* data() const {
-    return on_device_ ? device_ : static_cast<const void*>(host_.data());
-  }
+  void* data() { return on_device_ ? device_ : host_; }
+  const void* data() const { return on_device_ ? device_ : host_; }
   size_t bytes() const { return bytes_; }
   size_t count() const { return count_; }
   size_t dense_bytes() const { return count_ * sizeof(float); }
@@ -62,7 +60,9 @@ class CometPayload {
   size_t count_;
   size_t bytes_;
   std::string name_;
-  std::vector<uint8_t> host_;
+  void* host_;      // from the host pool: masks and codes have the same size every iteration
+  bool host_cuda_;  // host_ is pinned (GPU mode)
+  bool host_mapped_;  // host_ was mapped for this payload alone (a large lossy stream)
   void* device_;
 
   DISABLE_COPY_AND_ASSIGN(CometPayload);

@@ -5,6 +5,11 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+
+#include <atomic>  // NOLINT(build/c++11)
+#include <thread>  // NOLINT(build/c++11)
+
 #include "boost/thread/mutex.hpp"
 #include "caffe/comet/mask.hpp"
 #include "caffe/comet/payload.hpp"
@@ -29,13 +34,37 @@ void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_
                           float* bottom_diff, float negative_slope, uint32_t* popcount);
 #endif
 
+namespace {
+
+// The pool's host blocks come straight from the kernel (mmap), not from malloc: a block it gives
+// back is really returned, and malloc's heap is not fragmented by activation-sized blocks that it
+// would keep resident (glibc serves blocks below its adaptive mmap threshold, up to 32 MB, from
+// the heap).
+void* HostMap(size_t size) {
+  void* p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(p != MAP_FAILED) << "COMET: host allocation of " << size << " bytes failed";
+  return p;
+}
+void HostUnmap(void* ptr, size_t size) { CHECK_EQ(munmap(ptr, size), 0) << "COMET: munmap"; }
+
+// Lossy streams differ in size every step, so no pool could reuse them; large ones are mapped
+// directly so that freeing them really returns the memory.
+const size_t kDirectMapBytes = 1 << 20;
+
+}  // namespace
+
 CometPayload::CometPayload(Kind kind, bool on_device, size_t count, const std::string& name)
     : mask_popcount(0), code_bits(0), kind_(kind), on_device_(on_device), count_(count), bytes_(0),
-      name_(name), device_(NULL) {}
+      name_(name), host_(NULL), host_cuda_(false), host_mapped_(false), device_(NULL) {}
 
 CometPayload::~CometPayload() {
+  if (host_ && host_mapped_) {
+    HostUnmap(host_, bytes_);
+  } else if (host_) {
+    CometHostFree(host_, std::max<size_t>(bytes_, 1), host_cuda_);
+  }
 #ifndef CPU_ONLY
-  if (device_) CometGpuFree(device_, bytes_);
+  if (device_) CometGpuFree(device_, std::max<size_t>(bytes_, 1));
 #endif
 }
 
@@ -49,7 +78,12 @@ void CometPayload::Allocate(size_t bytes) {
     NO_GPU;
 #endif
   } else {
-    host_.resize(bytes);
+    if (kind_ == LOSSY && bytes >= kDirectMapBytes) {
+      host_ = HostMap(bytes);
+      host_mapped_ = true;
+    } else {
+      CometHostMalloc(&host_, std::max<size_t>(bytes, 1), &host_cuda_);
+    }
   }
 }
 
@@ -66,6 +100,23 @@ size_t ShapeToDims(const std::vector<int>& shape, size_t dims[SZ_MAX_DIMS]) {
   size_t out = 1;
   for (int i = fold + 1; i < nd; ++i) dims[out++] = shape[i];
   return out;
+}
+
+// Runs fn(begin, end) on [0, n) split into one contiguous range per hardware thread (ranges
+// start at multiples of `align`), or inline when n is small. Caffe's own work (BLAS) is idle
+// while the store encodes or decodes, so the cores are free.
+template <typename Fn>
+void ParallelRanges(size_t n, size_t align, Fn fn) {
+  const size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  if (threads == 1 || n < (size_t(1) << 16)) {
+    fn(size_t(0), n);
+    return;
+  }
+  const size_t chunk = ((n + threads - 1) / threads + align - 1) / align * align;
+  std::vector<std::thread> workers;
+  for (size_t b = chunk; b < n; b += chunk) workers.push_back(std::thread(fn, b, std::min(n, b + chunk)));
+  fn(size_t(0), std::min(n, chunk));
+  for (size_t t = 0; t < workers.size(); ++t) workers[t].join();
 }
 
 // Scratch for the worst-case stream; payloads keep only the bytes used.
@@ -127,17 +178,28 @@ shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool o
   if (!on_device) {
     uint32_t* words = static_cast<uint32_t*>(p->data());
     const size_t full = count / 32;
-    for (size_t w = 0; w < full; ++w) {  // fixed 32-wide inner loop: the compiler vectorizes it
-      const float* x = data + 32 * w;
-      uint32_t word = 0;
-      for (int b = 0; b < 32; ++b) word |= static_cast<uint32_t>(comet_mask::bit_of(x[b])) << b;
-      words[w] = word;
+    std::atomic<uint32_t> counted(0);
+    std::atomic<int> finite(1);
+    ParallelRanges(full, 1, [&](size_t w0, size_t w1) {
+      uint32_t pc = 0;
+      int fin = 1;
+      for (size_t w = w0; w < w1; ++w) {  // fixed 32-wide inner loops: vectorized
+        const float* x = data + 32 * w;
+        uint32_t word = 0;
+        for (int b = 0; b < 32; ++b) word |= static_cast<uint32_t>(comet_mask::bit_of(x[b])) << b;
+        for (int b = 0; b < 32; ++b) fin &= comet_mask::finite(x[b]);
+        words[w] = word;
+        pc += __builtin_popcount(word);
+      }
+      counted += pc;
+      finite &= fin;
+    });
+    popcount = counted;
+    nonfinite = !finite;
+    if (full < nwords) {
+      words[full] = comet_mask::pack_word(data, count, full, &nonfinite);
+      popcount += __builtin_popcount(words[full]);
     }
-    if (full < nwords) words[full] = comet_mask::pack_word(data, count, full, &nonfinite);
-    int finite = 1;
-    for (size_t i = 0; i < count; ++i) finite &= comet_mask::finite(data[i]);
-    nonfinite = nonfinite || !finite;
-    for (size_t w = 0; w < nwords; ++w) popcount += __builtin_popcount(words[w]);
   } else {
 #ifndef CPU_ONLY
     CometMaskPackGpu(data, count, static_cast<uint32_t*>(p->data()), &popcount, &nonfinite);
@@ -173,7 +235,30 @@ shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, 
   p->pool = g;
   bool bad = false;
   uint32_t popcount = 0;
-  if (!on_device) {
+  if (!on_device && argmax) {
+    // Sequential walk over the pooled positions: no divisions per element.
+    uint32_t* words = static_cast<uint32_t*>(p->data());
+    std::fill(words, words + nwords, 0u);
+    const size_t per = 32 / bits;  // ranges of whole words: no two threads share a word
+    std::atomic<int> any_bad(0);
+    ParallelRanges(count, per, [&](size_t i0, size_t i1) {
+      int ph = static_cast<int>((i0 / g.pooled_width) % g.pooled_height);
+      int pw = static_cast<int>(i0 % g.pooled_width);
+      int b = 0;
+      for (size_t i = i0; i < i1; ++i) {
+        uint32_t code = 0;
+        if (!comet_codes::argmax_code_at(v[i], ph, pw, g, &code)) b = 1;
+        words[i * bits / 32] |= code << (i * bits % 32);
+        if (++pw == g.pooled_width) {
+          pw = 0;
+          if (++ph == g.pooled_height) ph = 0;
+        }
+      }
+      any_bad |= b;
+    });
+    bad = any_bad != 0;
+    popcount = HostPopcount(words, count * bits);
+  } else if (!on_device) {
     uint32_t* words = static_cast<uint32_t*>(p->data());
     for (size_t w = 0; w < nwords; ++w)
       words[w] = comet_codes::pack_codes(v, count, bits, w, argmax, g, &bad);
@@ -201,8 +286,23 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
   uint32_t popcount = 0;
   if (!p.on_device()) {
     const uint32_t* words = static_cast<const uint32_t*>(p.data());
-    for (size_t i = 0; i < p.count(); ++i)
-      out[i] = comet_codes::unpack_code(words, i, p.code_bits, argmax, p.pool);
+    const comet_codes::PoolGeometry& g = p.pool;
+    ParallelRanges(p.count(), 1, [&](size_t i0, size_t i1) {
+      int ph = static_cast<int>((i0 / g.pooled_width) % g.pooled_height);
+      int pw = static_cast<int>(i0 % g.pooled_width);
+      for (size_t i = i0; i < i1; ++i) {
+        const uint32_t code = comet_codes::code_at(words, i, p.code_bits);
+        if (!argmax) {
+          out[i] = static_cast<int32_t>(code);
+          continue;
+        }
+        out[i] = comet_codes::argmax_index_at(code, ph, pw, g);
+        if (++pw == g.pooled_width) {
+          pw = 0;
+          if (++ph == g.pooled_height) ph = 0;
+        }
+      }
+    });
     popcount = HostPopcount(words, p.count() * p.code_bits);
   } else {
 #ifndef CPU_ONLY
@@ -247,12 +347,14 @@ bool CometReluBackward(const CometPayload& mask, const float* top_diff, float* b
   if (!mask.on_device()) {
     const uint32_t* words = static_cast<const uint32_t*>(mask.data());
     const size_t full = count / 32;
-    for (size_t w = 0; w < full; ++w) {  // fixed 32-wide inner loop, vectorizable
-      const float* t = top_diff + 32 * w;
-      float* b = bottom_diff + 32 * w;
-      const uint32_t word = words[w];
-      for (int k = 0; k < 32; ++k) b[k] = comet_codes::relu_diff(t[k], word, k, negative_slope);
-    }
+    ParallelRanges(full, 1, [&](size_t w0, size_t w1) {
+      for (size_t w = w0; w < w1; ++w) {  // fixed 32-wide inner loop, vectorizable
+        const float* t = top_diff + 32 * w;
+        float* b = bottom_diff + 32 * w;
+        const uint32_t word = words[w];
+        for (int k = 0; k < 32; ++k) b[k] = comet_codes::relu_diff(t[k], word, k, negative_slope);
+      }
+    });
     for (size_t i = 32 * full; i < count; ++i) {
       bottom_diff[i] = comet_codes::relu_diff(top_diff[i], words[i / 32],
                                               static_cast<int>(i % 32), negative_slope);
@@ -281,15 +383,17 @@ bool DecodeMask(const CometPayload& p, float* out, bool apply_signs, std::string
   if (!p.on_device()) {
     const uint32_t* words = static_cast<const uint32_t*>(p.data());
     const size_t full = p.count() / 32;
-    for (size_t w = 0; w < full; ++w) {  // fixed 32-wide inner loops, vectorizable
-      float* o = out + 32 * w;
-      const uint32_t word = words[w];
-      if (apply_signs) {
-        for (int b = 0; b < 32; ++b) o[b] = comet_mask::apply_sign(o[b], word, b);
-      } else {
-        for (int b = 0; b < 32; ++b) o[b] = comet_mask::value_of(word, b);
+    ParallelRanges(full, 1, [&](size_t w0, size_t w1) {
+      for (size_t w = w0; w < w1; ++w) {  // fixed 32-wide inner loops, vectorizable
+        float* o = out + 32 * w;
+        const uint32_t word = words[w];
+        if (apply_signs) {
+          for (int b = 0; b < 32; ++b) o[b] = comet_mask::apply_sign(o[b], word, b);
+        } else {
+          for (int b = 0; b < 32; ++b) o[b] = comet_mask::value_of(word, b);
+        }
       }
-    }
+    });
     for (size_t i = 32 * full; i < p.count(); ++i) {
       out[i] = apply_signs ? comet_mask::apply_sign(out[i], words[i / 32], i % 32)
                            : comet_mask::value_of(words[i / 32], i % 32);
@@ -398,14 +502,15 @@ void CometRestore(SyncedMemory* mem) {
 // ------------------------------------------------------------------------------ pools
 namespace {
 
-// Freed blocks kept by (device, size) for the next allocation of that size. in_use counts the
-// blocks handed out while enabled; the cache is trimmed, oldest first, so that in_use + cached
-// never exceeds the largest in_use seen: reuse saves the allocation and its page faults without
-// raising the peak.
+// Freed blocks kept by (device, size) for the next allocation of that size. The pool tracks the
+// blocks it handed out (allocated with its own alloc/free functions) and only ever caches those;
+// in_use counts them. The cache is trimmed, oldest first, so that in_use + cached never exceeds
+// the largest in_use seen: reuse saves the allocation and its page faults without raising the
+// peak.
 class BlockPool {
  public:
   typedef std::pair<int, size_t> Key;
-  typedef void (*FreeFn)(void* ptr);
+  typedef void (*FreeFn)(void* ptr, size_t size);
   explicit BlockPool(FreeFn free_fn)
       : enabled(0), in_use(0), cached(0), peak_in_use(0), hits(0), misses(0), evicted(0),
         free_fn_(free_fn) {}
@@ -431,14 +536,17 @@ class BlockPool {
     peak_in_use = std::max(peak_in_use, in_use);
     Trim();
   }
-  // Takes the block back into the cache; false when the caller must free it itself.
+  // Takes back a block the pool handed out: cached, or freed when the pool is off. False for
+  // any other block, which the caller frees itself.
   bool Give(void* ptr, const Key& key) {
     std::map<void*, size_t>::iterator it = live_.find(ptr);
-    if (it != live_.end()) {
-      in_use -= it->second;
-      live_.erase(it);
+    if (it == live_.end()) return false;
+    in_use -= it->second;
+    live_.erase(it);
+    if (!enabled) {
+      free_fn_(ptr, key.second);
+      return true;
     }
-    if (!enabled) return false;
     Block b = {key, ptr};
     by_key_.insert(std::make_pair(key, lru_.insert(lru_.end(), b)));
     cached += key.second;
@@ -446,7 +554,8 @@ class BlockPool {
     return true;
   }
   void ReleaseCached() {
-    for (std::list<Block>::iterator it = lru_.begin(); it != lru_.end(); ++it) free_fn_(it->ptr);
+    for (std::list<Block>::iterator it = lru_.begin(); it != lru_.end(); ++it)
+      free_fn_(it->ptr, it->key.second);
     evicted += lru_.size();
     lru_.clear();
     by_key_.clear();
@@ -474,7 +583,7 @@ class BlockPool {
       while (it->second->ptr != b.ptr) ++it;
       by_key_.erase(it);
       cached -= b.key.second;
-      free_fn_(b.ptr);
+      free_fn_(b.ptr, b.key.second);
       ++evicted;
     }
   }
@@ -484,10 +593,10 @@ class BlockPool {
   FreeFn free_fn_;
 };
 
-void HostRelease(void* ptr) { CaffeFreeHost(ptr, false); }
+
 
 BlockPool& HostPool() {
-  static BlockPool* pool = new BlockPool(HostRelease);  // never destroyed: frees come at exit
+  static BlockPool* pool = new BlockPool(HostUnmap);  // never destroyed: frees come at exit
   return *pool;
 }
 
@@ -515,7 +624,7 @@ void CometHostMalloc(void** ptr, size_t size, bool* use_cuda) {
       *use_cuda = false;
       *ptr = pool.Take(BlockPool::Key(-1, size));
       if (!*ptr) {
-        CaffeMallocHost(ptr, size, use_cuda);
+        *ptr = HostMap(size);
         pool.Track(*ptr, size);
       }
       return;
@@ -525,7 +634,7 @@ void CometHostMalloc(void** ptr, size_t size, bool* use_cuda) {
 }
 
 void CometHostFree(void* ptr, size_t size, bool use_cuda) {
-  if (!use_cuda && size >= kHostPoolMinBytes) {
+  if (!use_cuda && size >= kHostPoolMinBytes) {  // the pool's own blocks are freed by the pool
     BlockPool& pool = HostPool();
     boost::mutex::scoped_lock lock(pool.mutex);
     if (pool.Give(ptr, BlockPool::Key(-1, size))) return;
@@ -542,7 +651,7 @@ CometPoolStats CometHostPoolQuery() {
 #ifndef CPU_ONLY
 namespace {
 
-void GpuRelease(void* ptr) { CUDA_CHECK(cudaFree(ptr)); }
+void GpuRelease(void* ptr, size_t) { CUDA_CHECK(cudaFree(ptr)); }
 
 BlockPool& GpuPool() {
   static BlockPool* pool = new BlockPool(GpuRelease);  // never destroyed: frees come at exit

@@ -181,11 +181,24 @@ void CometStore<Dtype>::MakePlan() {
     protect[net_->output_blob_indices()[i]] = true;
   for (int b = 0; b < B; ++b)
     if (net_->blob_loss_weights()[b] != Dtype(0)) protect[b] = true;  // diff holds the weight
+  std::vector<bool> protect_diff(protect);
   // Tops of source layers (Data, DummyData, Input, Parameter, ...): some write them once at
-  // setup (constant DummyData, Parameter shares a learnable blob) and never again.
-  for (int i = 0; i < net_->layers().size(); ++i)
-    if (net_->bottom_ids(i).empty())
-      for (int k = 0; k < net_->top_ids(i).size(); ++k) protect[net_->top_ids(i)[k]] = true;
+  // setup (constant DummyData, Parameter shares a learnable blob) and never again. Their diff is
+  // protected only when some layer computes it (force_backward, Parameter): otherwise it holds
+  // nothing (upstream's Convolution allocates its bottom diff even when it does not fill it).
+  std::vector<bool> diff_computed(B, false);
+  for (int i = 0; i < L; ++i)
+    for (int k = 0; k < net_->bottom_ids(i).size(); ++k)
+      if (net_->layer_need_backward()[i] && net_->bottom_need_backward()[i][k])
+        diff_computed[net_->bottom_ids(i)[k]] = true;
+  for (int i = 0; i < L; ++i) {
+    if (!net_->bottom_ids(i).empty()) continue;
+    for (int k = 0; k < net_->top_ids(i).size(); ++k) {
+      const int b = net_->top_ids(i)[k];
+      protect[b] = true;
+      if (diff_computed[b] || !net_->layers()[i]->blobs().empty()) protect_diff[b] = true;
+    }
+  }
 
   // Group blobs by data memory.
   std::map<const SyncedMemory*, int> group_of_mem;
@@ -357,7 +370,7 @@ void CometStore<Dtype>::MakePlan() {
     std::map<const SyncedMemory*, bool> diff_prot;
     for (int b = 0; b < B; ++b) {
       const SyncedMemory* mem = net_->blobs()[b]->diff().get();
-      if (protect[b]) diff_prot[mem] = true;
+      if (protect_diff[b]) diff_prot[mem] = true;
       if (!last_use.count(mem)) last_use[mem] = L;
     }
     for (int i = 0; i < L; ++i) {
@@ -385,10 +398,16 @@ std::string CometStore<Dtype>::Plan() const {
   std::ostringstream os;
   for (int e = 0; e < entries_.size(); ++e) {
     const Entry& en = entries_[e];
-    os << "COMET plan: blob " << en.blob << " -> " << ActionName(en.action) << " after "
-       << net_->layer_names()[en.last_forward] << " forward";
+    os << "COMET plan: blob " << en.blob << " -> ";
+    if (en.action == RECOMPUTE && !param_.recompute_lrn()) {
+      os << "freed after " << en.name << " backward";
+    } else if (en.action == RECOMPUTE) {
+      os << "freed after " << en.name << " forward, recomputed before its backward";
+    } else {
+      os << ActionName(en.action) << " after " << net_->layer_names()[en.last_forward]
+         << " forward";
+    }
     if (en.action == LOSSY || en.action == MASK) os << ", for " << en.name << " backward";
-    if (en.action == RECOMPUTE) os << ", recomputed before its backward";
     if (en.signs) os << " (+ sign mask)";
     if (e + 1 < entries_.size()) os << "\n";
   }
@@ -420,6 +439,19 @@ void CometStore<Dtype>::set_bound(const std::string& layer, float eb) {
 
 template <typename Dtype>
 void CometStore<Dtype>::BeforeForward(int layer) {
+  if (layer == 0) {
+    // A whole forward pass rewrites every stored blob: the compressed copies kept from the last
+    // step (for a second backward) go now rather than one by one, so they do not add to the
+    // peak of this forward pass.
+    for (int i = 0; i < entries_.size(); ++i) {
+      Entry& e = entries_[i];
+      if (!e.stored) continue;
+      SyncedMemory* mem = e.layer >= 0 ? PrivateBuffer(e)
+                                       : net_->blobs()[e.blob_ids[0]]->data().get();
+      if (mem->comet_payload() == e.stored) mem->comet_payload().reset();
+      e.stored.reset();
+    }
+  }
   // The forward pass overwrites these tops: a payload left from a forward without backward
   // (pycaffe, an early exit) is dropped rather than decoded for nothing.
   const std::vector<int>& ids = tops_written_[layer];
@@ -462,6 +494,7 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
   const size_t count = mem->size() / sizeof(int32_t);
   shared_ptr<CometPayload> p;
   if (e->action == RECOMPUTE) {
+    if (!param_.recompute_lrn()) return;  // kept until LRN's backward, freed after it
     e->dense_bytes += mem->size();
     mem->comet_release();
   } else {
@@ -558,7 +591,8 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     Entry& e = entries_[own[k]];
     if (e.action != RECOMPUTE || PrivateBuffer(e)->head() != SyncedMemory::UNINITIALIZED) continue;
     // LRN's backward reads the scale its forward computed: run the forward again (on the
-    // restored input; the output it rewrites is what the backward reads too).
+    // restored input; the output it rewrites is what the backward reads too). Without
+    // recompute_lrn this happens only for a second backward after one forward.
     CPUTimer timer;
     timer.Start();
     net_->layers()[layer]->Forward(net_->bottom_vecs()[layer], net_->top_vecs()[layer]);
@@ -794,6 +828,12 @@ void CometStore<Dtype>::Report() {
            FormatBytes(m.at_peak[CometMemory::COMPRESSED]).c_str(),
            FormatBytes(m.at_peak[CometMemory::SCRATCH]).c_str());
   LOG(INFO) << line;
+  if (param_.memory_pool()) {
+    const CometPoolStats pool =
+        Caffe::mode() == Caffe::GPU ? CometGpuPoolQuery() : CometHostPoolQuery();
+    LOG(INFO) << "COMET memory pool: reused " << pool.hits << ", allocated " << pool.misses
+              << ", returned " << pool.evicted << ", cached " << FormatBytes(pool.cached);
+  }
   if (stats_.is_open()) {
     stats_ << iter << ",total,," << "total" << "," << (stored > 0 ? dense / stored : 0) << ",,,"
            << static_cast<size_t>(dense) << "," << static_cast<size_t>(stored) << ","

@@ -573,7 +573,7 @@ TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) {
       "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
       "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
   shared_ptr<Solver<float> > solvers[2];
-  const char* comet[] = {"", "comet { compress_type: 'None' }"};
+  const char* comet[] = {"", "comet { compress_type: 'None' recompute_lrn: true }"};
   for (int k = 0; k < 2; ++k) {
     SolverParameter sp;
     CHECK(google::protobuf::TextFormat::ParseFromString(
@@ -613,6 +613,25 @@ TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) {
   EXPECT_TRUE(n->blob_by_name("conv1")->data()->comet_payload().get() != NULL);
   EXPECT_EQ(CometLayerAccess<float>::lrn_scale(norm1)->data()->head(),
             SyncedMemory::UNINITIALIZED);
+
+  // By default LRN's scale lives from LRN's forward to its backward, and a second backward
+  // without a forward recomputes it rather than reading a freed buffer.
+  SolverParameter sp = solvers[1]->param();
+  sp.mutable_comet()->set_recompute_lrn(false);
+  shared_ptr<Solver<float> > keep(SolverRegistry<float>::CreateSolver(sp));
+  caffe::Net<float>* k = keep->net().get();
+  Caffe::set_random_seed(4242);
+  k->ClearParamDiffs();
+  k->Forward();
+  Layer<float>* knorm = k->layer_by_name("norm1").get();
+  EXPECT_NE(CometLayerAccess<float>::lrn_scale(knorm)->data()->head(), SyncedMemory::UNINITIALIZED);
+  k->Backward();
+  EXPECT_EQ(CometLayerAccess<float>::lrn_scale(knorm)->data()->head(), SyncedMemory::UNINITIALIZED);
+  Blob<float>* w = k->layer_by_name("conv1")->blobs()[0].get();
+  std::vector<float> first(w->cpu_diff(), w->cpu_diff() + w->count());
+  k->ClearParamDiffs();
+  k->Backward();
+  EXPECT_EQ(MaxAbsDiff(first.data(), w->cpu_diff(), w->count()), 0.f);
 }
 
 TEST_F(CometStoreTest, DisabledBlockMeansNoStore) {
