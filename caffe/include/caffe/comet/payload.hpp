@@ -120,6 +120,8 @@ struct CometPoolStats {
   size_t hits, misses, evicted;        // allocations served from the pool, not; blocks freed
 };
 CometPoolStats CometGpuPoolQuery();
+// A training step starts (both pools): the sizes asked for in the last step guide evictions.
+void CometPoolsMarkStep();
 CometPoolStats CometHostPoolQuery();
 
 }  // namespace caffe

@@ -504,9 +504,10 @@ namespace {
 
 // Freed blocks kept by (device, size) for the next allocation of that size. The pool tracks the
 // blocks it handed out (allocated with its own alloc/free functions) and only ever caches those;
-// in_use counts them. The cache is trimmed, oldest first, so that in_use + cached never exceeds
-// the largest in_use seen: reuse saves the allocation and its page faults without raising the
-// peak.
+// in_use counts them. The cache is trimmed so that in_use + cached never exceeds the largest
+// in_use seen: reuse saves the allocation and its page faults without raising the peak. Training
+// repeats the same allocations every step, so the pool remembers the sizes the last step asked
+// for, in order, and evicts the cached block whose size is asked for again furthest ahead.
 class BlockPool {
  public:
   typedef std::pair<int, size_t> Key;
@@ -517,6 +518,7 @@ class BlockPool {
 
   // A cached block for key, or NULL (the caller allocates and calls Track).
   void* Take(const Key& key) {
+    requests_.push_back(key);
     std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.find(key);
     if (it == by_key_.end()) {
       ++misses;
@@ -561,6 +563,18 @@ class BlockPool {
     by_key_.clear();
     cached = 0;
   }
+  // The last user is gone: the cache goes back, and the next user starts its own peak.
+  void Disable() {
+    ReleaseCached();
+    peak_in_use = in_use;
+    requests_.clear();
+    last_step_.clear();
+  }
+  // A training step starts: what the last one asked for guides the next evictions.
+  void MarkStep() {
+    last_step_.swap(requests_);
+    requests_.clear();
+  }
   CometPoolStats Stats() const {
     CometPoolStats s = {in_use, cached, peak_in_use, hits, misses, evicted};
     return s;
@@ -575,19 +589,37 @@ class BlockPool {
     Key key;
     void* ptr;
   };
+  // Position in the last step's requests at which key is asked for next (the steps repeat, so
+  // a size asked for only earlier comes after all of this step's); never asked: furthest.
+  size_t NextUse(const Key& key) const {
+    const size_t now = requests_.size(), n = last_step_.size();
+    for (size_t i = now; i < n; ++i) if (last_step_[i] == key) return i;
+    for (size_t i = 0; i < std::min(now, n); ++i) if (last_step_[i] == key) return n + i;
+    return 2 * n + 1;
+  }
   void Trim() {
     while (!lru_.empty() && in_use + cached > peak_in_use) {
-      Block b = lru_.front();
-      lru_.pop_front();
-      std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.find(b.key);
-      while (it->second->ptr != b.ptr) ++it;
+      // the victim: furthest next use; among equals the oldest (lru_ is oldest first)
+      std::list<Block>::iterator victim = lru_.begin();
+      size_t furthest = NextUse(victim->key);
+      for (std::list<Block>::iterator b = lru_.begin(); b != lru_.end(); ++b) {
+        const size_t next = b->key == victim->key ? furthest : NextUse(b->key);
+        if (next > furthest) {
+          victim = b;
+          furthest = next;
+        }
+      }
+      std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.find(victim->key);
+      while (it->second != victim) ++it;
       by_key_.erase(it);
-      cached -= b.key.second;
-      free_fn_(b.ptr, b.key.second);
+      cached -= victim->key.second;
+      free_fn_(victim->ptr, victim->key.second);
+      lru_.erase(victim);
       ++evicted;
     }
   }
   std::list<Block> lru_;  // cached blocks, oldest first
+  std::vector<Key> requests_, last_step_;  // sizes asked for in this step and in the last
   std::multimap<Key, std::list<Block>::iterator> by_key_;
   std::map<void*, size_t> live_;
   FreeFn free_fn_;
@@ -613,7 +645,7 @@ void CometHostPoolEnable(bool on) {
   BlockPool& pool = HostPool();
   boost::mutex::scoped_lock lock(pool.mutex);
   pool.enabled += on ? 1 : -1;
-  if (!pool.enabled) pool.ReleaseCached();
+  if (!pool.enabled) pool.Disable();
 }
 
 void CometHostMalloc(void** ptr, size_t size, bool* use_cuda) {
@@ -664,7 +696,7 @@ void CometGpuPoolEnable(bool on) {
   BlockPool& pool = GpuPool();
   boost::mutex::scoped_lock lock(pool.mutex);
   pool.enabled += on ? 1 : -1;
-  if (!pool.enabled) pool.ReleaseCached();
+  if (!pool.enabled) pool.Disable();
 }
 
 void CometGpuMalloc(void** ptr, size_t size) {
@@ -703,5 +735,18 @@ CometPoolStats CometGpuPoolQuery() {
   return s;
 }
 #endif  // CPU_ONLY
+
+void CometPoolsMarkStep() {
+  {
+    BlockPool& pool = HostPool();
+    boost::mutex::scoped_lock lock(pool.mutex);
+    pool.MarkStep();
+  }
+#ifndef CPU_ONLY
+  BlockPool& pool = GpuPool();
+  boost::mutex::scoped_lock lock(pool.mutex);
+  pool.MarkStep();
+#endif
+}
 
 }  // namespace caffe

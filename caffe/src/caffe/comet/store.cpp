@@ -440,6 +440,7 @@ void CometStore<Dtype>::set_bound(const std::string& layer, float eb) {
 template <typename Dtype>
 void CometStore<Dtype>::BeforeForward(int layer) {
   if (layer == 0) {
+    if (param_.memory_pool()) CometPoolsMarkStep();
     // A whole forward pass rewrites every stored blob: the compressed copies kept from the last
     // step (for a second backward) go now rather than one by one, so they do not add to the
     // peak of this forward pass.

@@ -474,6 +474,31 @@ TEST_F(CometPayloadTest, HostPoolReusesFreedBlocksWithinThePeak) {
   CometHostPoolEnable(false);
 }
 
+// Steps repeat their allocations; the pool keeps the block asked for soonest in the last step.
+TEST_F(CometPayloadTest, HostPoolEvictsTheBlockNeededLast) {
+  const size_t mb = 1 << 20;
+  CometHostPoolEnable(true);
+  bool cuda = false;
+  size_t hits_in_step[2] = {0, 0};
+  for (int step = 0; step < 2; ++step) {
+    CometPoolsMarkStep();
+    const size_t h0 = CometHostPoolQuery().hits;
+    void *p = NULL, *q = NULL, *r = NULL;
+    CometHostMalloc(&p, 3 * mb, &cuda);  // step 2: a miss that must evict one of {1 MB, 2 MB}
+    CometHostMalloc(&q, 1 * mb, &cuda);  // asked for next: the 1 MB block must have stayed
+    CometHostFree(p, 3 * mb, false);
+    CometHostMalloc(&r, 2 * mb, &cuda);
+    CometHostFree(q, 1 * mb, false);
+    CometHostFree(r, 2 * mb, false);
+    hits_in_step[step] = CometHostPoolQuery().hits - h0;
+    const CometPoolStats st = CometHostPoolQuery();
+    EXPECT_LE(st.in_use + st.cached, st.peak_in_use);
+  }
+  EXPECT_EQ(hits_in_step[0], 0u);
+  EXPECT_GE(hits_in_step[1], 1u);  // oldest-first eviction would have dropped the 1 MB block
+  CometHostPoolEnable(false);
+}
+
 // ---------------------------------------------------------------- the store in a training run
 
 class CometStoreTest : public ::testing::Test {
