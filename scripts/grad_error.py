@@ -1,0 +1,99 @@
+"""How far COMET moves CaffeNet's weight gradients: one training step, COMET off vs on, side by side.
+
+Two solvers train the shipped CaffeNet (10 outputs) on the embedded synthetic images at 256x256 (made
+once, as for scripts/bench_memory). After `--warmup` steps (the adaptive bounds are measured on them)
+the COMET solver gets the other's weights, both run forward and backward on the same batch with the
+same Dropout masks, and for each layer the relative error of the weight gradient,
+||dW_on - dW_off|| / ||dW_off||, is printed next to the error bound its input was stored with. With
+ADAPTIVE bounds this error is what `adaptive_target` aims at (docs/comet.md).
+
+    scripts/grad_error [--batch 32] [--target 0.05] [--max-bound 1] [--warmup 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from cometctl import paths  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--target", type=float, default=0.05, help="comet.adaptive_target")
+    ap.add_argument("--max-bound", type=float, default=1.0, help="comet.max_error_bound")
+    ap.add_argument("--warmup", type=int, default=2, help="steps before the compared one")
+    args = ap.parse_args()
+
+    os.environ.setdefault("GLOG_minloglevel", "2")  # caffe's INFO lines would bury the table
+    sys.path.insert(0, str(paths.pycaffe_dir(None)))
+    import numpy as np
+    import caffe
+    from caffe.proto import caffe_pb2 as pb2
+    from google.protobuf import text_format
+    from bench_memory import make_images
+
+    images = make_images(Path(sys.executable).parent / "cometctl")
+    net = pb2.NetParameter()
+    text_format.Merge((ROOT / "models/bvlc_reference_caffenet/train_val.prototxt").read_text(), net)
+    for layer in net.layer:
+        if layer.type == "Data":
+            train = any(r.phase == pb2.TRAIN for r in layer.include)
+            layer.data_param.source = str(images / ("train_lmdb" if train else "val_lmdb"))
+            layer.data_param.batch_size = args.batch if train else 50
+            layer.data_param.prefetch = 1
+            layer.transform_param.mean_file = str(images / "mean.binaryproto")
+        if layer.name == "fc8":
+            layer.inner_product_param.num_output = 10  # the synthetic set has 10 classes
+    caffe.set_mode_cpu()
+    with tempfile.TemporaryDirectory(prefix="comet-grad-") as tmp:
+        netfile = Path(tmp) / "net.prototxt"
+        netfile.write_text(text_format.MessageToString(net))
+        common = (f'net: "{netfile}"\nbase_lr: 0.01\nlr_policy: "fixed"\nmomentum: 0.9\n'
+                  f'weight_decay: 0.0005\ndisplay: 0\nmax_iter: 100\nsnapshot: 0\n'
+                  f'snapshot_after_train: false\nsnapshot_prefix: "{tmp}/s"\nrandom_seed: 1701\n')
+        (Path(tmp) / "off.prototxt").write_text(common)
+        (Path(tmp) / "on.prototxt").write_text(
+            common + f"comet {{ adaptive_target: {args.target} max_error_bound: {args.max_bound} "
+                     f"update_interval: 1 }}\n")
+        off = caffe.get_solver(str(Path(tmp) / "off.prototxt"))
+        on = caffe.get_solver(str(Path(tmp) / "on.prototxt"))
+        for s in (off, on):
+            s.step(args.warmup)
+        for name in off.net.params:  # the same weights; the gradients start from zero
+            for a, b in zip(off.net.params[name], on.net.params[name]):
+                b.data[...] = a.data
+        for s in (off, on):
+            for name in s.net.params:
+                for p in s.net.params[name]:
+                    p.diff[...] = 0
+        caffe.set_random_seed(7)
+        off.net.forward()
+        on.net.blobs["data"].data[...] = off.net.blobs["data"].data  # the same batch
+        on.net.blobs["label"].data[...] = off.net.blobs["label"].data
+        caffe.set_random_seed(7)  # the same Dropout masks
+        on.net.forward(start="conv1")
+        off.net.backward()
+        on.net.backward()
+        bounds = on.comet_stats()["bounds"]
+        print(f"CaffeNet, batch {args.batch}, adaptive_target {args.target}, max_error_bound "
+              f"{args.max_bound}: relative error of each weight gradient, COMET on vs off")
+        print("| layer | error bound of its input | relative error of dW |")
+        print("|---|---:|---:|")
+        for name in off.net.params:
+            a, b = off.net.params[name][0].diff, on.net.params[name][0].diff
+            eb = f"{bounds[name]:.3g}" if name in bounds else "exact (data layer)"
+            print(f"| {name} | {eb} | {np.linalg.norm(b - a) / np.linalg.norm(a):.4f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
