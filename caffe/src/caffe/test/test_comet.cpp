@@ -550,6 +550,91 @@ class CometStoreTest : public ::testing::Test {
     s->Step(n);
   }
 
+  // Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
+  // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
+  void CheckLayerBuffers() {
+    const std::string net =
+        "name: 'buffers' "
+        "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+        "  dummy_data_param { shape { dim: 4 dim: 3 dim: 15 dim: 15 } shape { dim: 4 } "
+        "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 2 } } } "
+        "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+        "  convolution_param { num_output: 6 kernel_size: 3 "
+        "    weight_filler { type: 'gaussian' std: 0.2 } bias_filler { type: 'constant' value: 0.1 } } } "
+        "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+        "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+        "  pooling_param { pool: MAX kernel_size: 3 stride: 2 } } "
+        "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' "
+        "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 } } "
+        "layer { name: 'ip1' type: 'InnerProduct' bottom: 'norm1' top: 'ip1' "
+        "  inner_product_param { num_output: 64 weight_filler { type: 'gaussian' std: 0.1 } } } "
+        "layer { name: 'drop1' type: 'Dropout' bottom: 'ip1' top: 'ip1' "
+        "  dropout_param { dropout_ratio: 0.5 } } "
+        "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
+        "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
+    shared_ptr<Solver<float> > solvers[2];
+    const char* comet[] = {"", "comet { compress_type: 'None' recompute_lrn: true }"};
+    for (int k = 0; k < 2; ++k) {
+      SolverParameter sp;
+      CHECK(google::protobuf::TextFormat::ParseFromString(
+          "base_lr: 0.05 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
+          "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet[k], &sp));
+      CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
+      solvers[k].reset(SolverRegistry<float>::CreateSolver(sp));
+      Run(solvers[k].get(), 6);
+    }
+    const std::vector<float> a = Params(solvers[0].get()), b = Params(solvers[1].get());
+    ASSERT_EQ(a.size(), b.size());
+    for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;
+
+    CometStore<float>* store = solvers[1]->comet();
+    std::map<std::string, const CometStore<float>::Entry*> by_blob;
+    for (int e = 0; e < store->entries().size(); ++e)
+      by_blob[store->entries()[e].blob] = &store->entries()[e];
+    ASSERT_TRUE(by_blob.count("pool1 argmax"));
+    ASSERT_TRUE(by_blob.count("drop1 mask"));
+    ASSERT_TRUE(by_blob.count("norm1 scale"));
+    EXPECT_EQ(by_blob["pool1 argmax"]->action, CometStore<float>::ARGMAX);
+    EXPECT_EQ(by_blob["drop1 mask"]->action, CometStore<float>::BINARY);
+    EXPECT_EQ(by_blob["norm1 scale"]->action, CometStore<float>::RECOMPUTE);
+    EXPECT_NEAR(by_blob["pool1 argmax"]->last_ratio, 8.0, 0.5);  // 4-bit codes
+    EXPECT_NEAR(by_blob["drop1 mask"]->last_ratio, 32.0, 0.5);  // 1 bit per value
+    // between forward and backward the buffers are not dense
+    caffe::Net<float>* n = solvers[1]->net().get();
+    n->Forward();
+    Layer<float>* pool1 = n->layer_by_name("pool1").get();
+    Layer<float>* norm1 = n->layer_by_name("norm1").get();
+    EXPECT_TRUE(CometLayerAccess<float>::argmax(pool1)->data()->comet_payload().get() != NULL);
+    EXPECT_EQ(CometLayerAccess<float>::lrn_scale(norm1)->data()->head(),
+              SyncedMemory::UNINITIALIZED);
+    EXPECT_TRUE(n->blob_by_name("conv1")->data()->comet_payload().get() != NULL);
+    n->Backward();
+    // relu1's gradient came from the mask: its input was never restored
+    EXPECT_TRUE(n->blob_by_name("conv1")->data()->comet_payload().get() != NULL);
+    EXPECT_EQ(CometLayerAccess<float>::lrn_scale(norm1)->data()->head(),
+              SyncedMemory::UNINITIALIZED);
+
+    // By default LRN's scale lives from LRN's forward to its backward, and a second backward
+    // without a forward recomputes it rather than reading a freed buffer.
+    SolverParameter sp = solvers[1]->param();
+    sp.mutable_comet()->set_recompute_lrn(false);
+    shared_ptr<Solver<float> > keep(SolverRegistry<float>::CreateSolver(sp));
+    caffe::Net<float>* k = keep->net().get();
+    Caffe::set_random_seed(4242);
+    k->ClearParamDiffs();
+    k->Forward();
+    Layer<float>* knorm = k->layer_by_name("norm1").get();
+    EXPECT_NE(CometLayerAccess<float>::lrn_scale(knorm)->data()->head(), SyncedMemory::UNINITIALIZED);
+    k->Backward();
+    EXPECT_EQ(CometLayerAccess<float>::lrn_scale(knorm)->data()->head(), SyncedMemory::UNINITIALIZED);
+    Blob<float>* w = k->layer_by_name("conv1")->blobs()[0].get();
+    std::vector<float> first(w->cpu_diff(), w->cpu_diff() + w->count());
+    k->ClearParamDiffs();
+    k->Backward();
+    EXPECT_EQ(MaxAbsDiff(first.data(), w->cpu_diff(), w->count()), 0.f);
+  }
+
   std::string prefix_;
 
  public:
@@ -576,88 +661,7 @@ TEST_F(CometStoreTest, ExactStagesAreBitIdenticalToCometOff) {
 
 // Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
 // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
-TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) {
-  const std::string net =
-      "name: 'buffers' "
-      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "  dummy_data_param { shape { dim: 4 dim: 3 dim: 15 dim: 15 } shape { dim: 4 } "
-      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 2 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
-      "  convolution_param { num_output: 6 kernel_size: 3 "
-      "    weight_filler { type: 'gaussian' std: 0.2 } bias_filler { type: 'constant' value: 0.1 } } } "
-      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
-      "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
-      "  pooling_param { pool: MAX kernel_size: 3 stride: 2 } } "
-      "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' "
-      "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 } } "
-      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'norm1' top: 'ip1' "
-      "  inner_product_param { num_output: 64 weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'drop1' type: 'Dropout' bottom: 'ip1' top: 'ip1' "
-      "  dropout_param { dropout_ratio: 0.5 } } "
-      "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
-      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
-  shared_ptr<Solver<float> > solvers[2];
-  const char* comet[] = {"", "comet { compress_type: 'None' recompute_lrn: true }"};
-  for (int k = 0; k < 2; ++k) {
-    SolverParameter sp;
-    CHECK(google::protobuf::TextFormat::ParseFromString(
-        "base_lr: 0.05 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
-        "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet[k], &sp));
-    CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
-    solvers[k].reset(SolverRegistry<float>::CreateSolver(sp));
-    Run(solvers[k].get(), 6);
-  }
-  const std::vector<float> a = Params(solvers[0].get()), b = Params(solvers[1].get());
-  ASSERT_EQ(a.size(), b.size());
-  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;
-
-  CometStore<float>* store = solvers[1]->comet();
-  std::map<std::string, const CometStore<float>::Entry*> by_blob;
-  for (int e = 0; e < store->entries().size(); ++e)
-    by_blob[store->entries()[e].blob] = &store->entries()[e];
-  ASSERT_TRUE(by_blob.count("pool1 argmax"));
-  ASSERT_TRUE(by_blob.count("drop1 mask"));
-  ASSERT_TRUE(by_blob.count("norm1 scale"));
-  EXPECT_EQ(by_blob["pool1 argmax"]->action, CometStore<float>::ARGMAX);
-  EXPECT_EQ(by_blob["drop1 mask"]->action, CometStore<float>::BINARY);
-  EXPECT_EQ(by_blob["norm1 scale"]->action, CometStore<float>::RECOMPUTE);
-  EXPECT_NEAR(by_blob["pool1 argmax"]->last_ratio, 8.0, 0.5);  // 4-bit codes
-  EXPECT_NEAR(by_blob["drop1 mask"]->last_ratio, 32.0, 0.5);  // 1 bit per value
-  // between forward and backward the buffers are not dense
-  caffe::Net<float>* n = solvers[1]->net().get();
-  n->Forward();
-  Layer<float>* pool1 = n->layer_by_name("pool1").get();
-  Layer<float>* norm1 = n->layer_by_name("norm1").get();
-  EXPECT_TRUE(CometLayerAccess<float>::argmax(pool1)->data()->comet_payload().get() != NULL);
-  EXPECT_EQ(CometLayerAccess<float>::lrn_scale(norm1)->data()->head(),
-            SyncedMemory::UNINITIALIZED);
-  EXPECT_TRUE(n->blob_by_name("conv1")->data()->comet_payload().get() != NULL);
-  n->Backward();
-  // relu1's gradient came from the mask: its input was never restored
-  EXPECT_TRUE(n->blob_by_name("conv1")->data()->comet_payload().get() != NULL);
-  EXPECT_EQ(CometLayerAccess<float>::lrn_scale(norm1)->data()->head(),
-            SyncedMemory::UNINITIALIZED);
-
-  // By default LRN's scale lives from LRN's forward to its backward, and a second backward
-  // without a forward recomputes it rather than reading a freed buffer.
-  SolverParameter sp = solvers[1]->param();
-  sp.mutable_comet()->set_recompute_lrn(false);
-  shared_ptr<Solver<float> > keep(SolverRegistry<float>::CreateSolver(sp));
-  caffe::Net<float>* k = keep->net().get();
-  Caffe::set_random_seed(4242);
-  k->ClearParamDiffs();
-  k->Forward();
-  Layer<float>* knorm = k->layer_by_name("norm1").get();
-  EXPECT_NE(CometLayerAccess<float>::lrn_scale(knorm)->data()->head(), SyncedMemory::UNINITIALIZED);
-  k->Backward();
-  EXPECT_EQ(CometLayerAccess<float>::lrn_scale(knorm)->data()->head(), SyncedMemory::UNINITIALIZED);
-  Blob<float>* w = k->layer_by_name("conv1")->blobs()[0].get();
-  std::vector<float> first(w->cpu_diff(), w->cpu_diff() + w->count());
-  k->ClearParamDiffs();
-  k->Backward();
-  EXPECT_EQ(MaxAbsDiff(first.data(), w->cpu_diff(), w->count()), 0.f);
-}
+TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
 
 TEST_F(CometStoreTest, DisabledBlockMeansNoStore) {
   EXPECT_FALSE(MakeSolver("comet { enabled: false }")->comet());
@@ -836,6 +840,36 @@ TEST_F(CometGPUTest, DeviceStreamsDecodeOnTheHostBitForBit) {
   std::vector<float> h(blob.count());
   ASSERT_TRUE(CometDecode(*host, h.data(), &error)) << error;
   for (int i = 0; i < blob.count(); ++i) ASSERT_EQ(h[i], back.cpu_data()[i]) << i;
+}
+
+TEST_F(CometGPUTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
+
+TEST_F(CometGPUTest, DeviceCodesMatchHostCodes) {
+  LayerParameter lp;
+  lp.mutable_pooling_param()->set_pool(PoolingParameter_PoolMethod_MAX);
+  lp.mutable_pooling_param()->set_kernel_size(3);
+  lp.mutable_pooling_param()->set_stride(2);
+  lp.add_top("pool");
+  PoolingLayer<float> pool(lp);
+  Blob<float> bottom(2, 3, 11, 13), top;
+  FillActivations(&bottom, 0.2f, 1.f, 3);
+  std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+  pool.SetUp(bv, tv);
+  pool.Forward(bv, tv);
+  Blob<int>* idx = CometLayerAccess<float>::argmax(&pool);
+  const comet_codes::PoolGeometry g = CometLayerAccess<float>::geometry(&pool);
+  shared_ptr<CometPayload> h = CometEncodeArgmax(idx->cpu_data(), idx->count(), g, false, "a");
+  shared_ptr<CometPayload> d = CometEncodeArgmax(idx->gpu_data(), idx->count(), g, true, "a");
+  ASSERT_TRUE(h.get() != NULL && d.get() != NULL);
+  ASSERT_EQ(h->bytes(), d->bytes());
+  EXPECT_EQ(h->mask_popcount, d->mask_popcount);
+  std::vector<uint8_t> dev_bytes(d->bytes());
+  CUDA_CHECK(cudaMemcpy(dev_bytes.data(), d->data(), d->bytes(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(std::memcmp(dev_bytes.data(), h->data(), h->bytes()), 0);
+  Blob<int> back(idx->shape());
+  std::string error;
+  ASSERT_TRUE(CometDecode(*d, back.mutable_gpu_data(), &error)) << error;
+  for (int i = 0; i < idx->count(); ++i) ASSERT_EQ(back.cpu_data()[i], idx->cpu_data()[i]) << i;
 }
 
 TEST_F(CometGPUTest, DeviceMasksMatchHostMasks) {
