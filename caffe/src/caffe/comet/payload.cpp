@@ -214,6 +214,15 @@ shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool o
 
 namespace {
 
+// Every mask and code payload carries the popcount of its words when stored; a different count
+// when it is read means its bits changed.
+bool PopcountMatches(const CometPayload& p, uint32_t popcount, std::string* error) {
+  if (popcount == p.mask_popcount) return true;
+  *error = "bit check failed (the " + std::string(p.kind() == CometPayload::MASK ? "mask" : "codes") +
+           " changed since stored)";
+  return false;
+}
+
 // Popcount of a host bit stream of total_bits bits; bits past the end must be clear, and a set
 // one makes the count wrong on purpose.
 uint32_t HostPopcount(const uint32_t* words, size_t total_bits) {
@@ -312,11 +321,7 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
     NO_GPU;
 #endif
   }
-  if (popcount != p.mask_popcount) {
-    *error = "code check failed (bits changed since they were stored)";
-    return false;
-  }
-  return true;
+  return PopcountMatches(p, popcount, error);
 }
 
 }  // namespace
@@ -368,11 +373,7 @@ bool CometReluBackward(const CometPayload& mask, const float* top_diff, float* b
     NO_GPU;
 #endif
   }
-  if (popcount != mask.mask_popcount) {
-    *error = "mask check failed (bits changed since it was stored)";
-    return false;
-  }
-  return true;
+  return PopcountMatches(mask, popcount, error);
 }
 
 namespace {
@@ -407,11 +408,7 @@ bool DecodeMask(const CometPayload& p, float* out, bool apply_signs, std::string
     NO_GPU;
 #endif
   }
-  if (popcount != p.mask_popcount) {
-    *error = "mask check failed (bits changed since it was stored)";
-    return false;
-  }
-  return true;
+  return PopcountMatches(p, popcount, error);
 }
 
 }  // namespace

@@ -51,6 +51,29 @@ float MaxAbsDiff(const float* a, const float* b, int n) {
   return m;
 }
 
+// A 3x3 stride-2 max pooling (pad 1: windows cut by the border, and overlapping ones) run forward
+// once on ReLU-like data, so that its argmax holds real indices.
+struct MaxPoolingRun {
+  explicit MaxPoolingRun(const LayerParameter& lp) : layer(lp), bottom(2, 3, 11, 13) {
+    FillActivations(&bottom, 0.2f, 1.f, 3);
+    std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+    layer.SetUp(bv, tv);
+    layer.Forward(bv, tv);
+  }
+  static LayerParameter Param() {
+    LayerParameter lp;
+    PoolingParameter* pp = lp.mutable_pooling_param();
+    pp->set_pool(PoolingParameter_PoolMethod_MAX);
+    pp->set_kernel_size(3);
+    pp->set_stride(2);
+    pp->set_pad(1);
+    lp.add_top("pool");
+    return lp;
+  }
+  PoolingLayer<float> layer;
+  Blob<float> bottom, top;
+};
+
 }  // namespace
 
 class CometPayloadTest : public ::testing::Test {
@@ -390,22 +413,10 @@ TEST_F(CometPayloadTest, ReluBackwardFromTheMaskMatchesReluLayerBitForBit) {
 }
 
 TEST_F(CometPayloadTest, ArgmaxCodesRoundTripAndRefuseWhatTheyCannotHold) {
-  LayerParameter lp;
-  PoolingParameter* pp = lp.mutable_pooling_param();
-  pp->set_pool(PoolingParameter_PoolMethod_MAX);
-  pp->set_kernel_size(3);
-  pp->set_stride(2);
-  pp->set_pad(1);  // windows cut by the border, and overlapping ones
-  lp.add_top("pool");
-  PoolingLayer<float> pool(lp);
-  Blob<float> bottom(2, 3, 11, 13), top;
-  FillActivations(&bottom, 0.2f, 1.f, 3);
-  std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
-  pool.SetUp(bv, tv);
-  pool.Forward(bv, tv);
-  Blob<int>* idx = CometLayerAccess<float>::argmax(&pool);
+  MaxPoolingRun run(MaxPoolingRun::Param());
+  Blob<int>* idx = CometLayerAccess<float>::argmax(&run.layer);
   ASSERT_TRUE(idx != NULL);
-  const comet_codes::PoolGeometry g = CometLayerAccess<float>::geometry(&pool);
+  const comet_codes::PoolGeometry g = CometLayerAccess<float>::geometry(&run.layer);
   shared_ptr<CometPayload> p = CometEncodeArgmax(idx->cpu_data(), idx->count(), g, false, "a");
   ASSERT_TRUE(p.get() != NULL);
   EXPECT_EQ(p->code_bits, 4);  // 9 offsets in a 3x3 window
@@ -845,19 +856,9 @@ TEST_F(CometGPUTest, DeviceStreamsDecodeOnTheHostBitForBit) {
 TEST_F(CometGPUTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
 
 TEST_F(CometGPUTest, DeviceCodesMatchHostCodes) {
-  LayerParameter lp;
-  lp.mutable_pooling_param()->set_pool(PoolingParameter_PoolMethod_MAX);
-  lp.mutable_pooling_param()->set_kernel_size(3);
-  lp.mutable_pooling_param()->set_stride(2);
-  lp.add_top("pool");
-  PoolingLayer<float> pool(lp);
-  Blob<float> bottom(2, 3, 11, 13), top;
-  FillActivations(&bottom, 0.2f, 1.f, 3);
-  std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
-  pool.SetUp(bv, tv);
-  pool.Forward(bv, tv);
-  Blob<int>* idx = CometLayerAccess<float>::argmax(&pool);
-  const comet_codes::PoolGeometry g = CometLayerAccess<float>::geometry(&pool);
+  MaxPoolingRun run(MaxPoolingRun::Param());  // forward on the GPU: the argmax is on the device
+  Blob<int>* idx = CometLayerAccess<float>::argmax(&run.layer);
+  const comet_codes::PoolGeometry g = CometLayerAccess<float>::geometry(&run.layer);
   shared_ptr<CometPayload> h = CometEncodeArgmax(idx->cpu_data(), idx->count(), g, false, "a");
   shared_ptr<CometPayload> d = CometEncodeArgmax(idx->gpu_data(), idx->count(), g, true, "a");
   ASSERT_TRUE(h.get() != NULL && d.get() != NULL);
