@@ -3,6 +3,7 @@ test writes itself, then pycaffe loads the snapshot and runs a forward pass."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -134,3 +135,56 @@ print('forward ok', prob.argmax(axis=1))
 """
     f = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert f.returncode == 0 and "forward ok" in f.stdout, f.stderr[-3000:]
+
+
+COMET_NET = """name: "cometstats"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 8 dim: 3 dim: 31 dim: 31 } shape { dim: 8 }
+    data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 16 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+  pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "norm1" type: "LRN" bottom: "pool1" top: "norm1" lrn_param { local_size: 5 } }
+layer { name: "fc1" type: "InnerProduct" bottom: "norm1" top: "fc1"
+  inner_product_param { num_output: 32 weight_filler { type: "gaussian" std: 0.05 } } }
+layer { name: "drop1" type: "Dropout" bottom: "fc1" top: "fc1" }
+layer { name: "fc2" type: "InnerProduct" bottom: "fc1" top: "fc2"
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.05 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc2" bottom: "label" top: "loss" }
+"""
+
+
+def test_pycaffe_comet_stats_name_every_kind_of_stored_buffer(tmp_path):
+    (tmp_path / "net.prototxt").write_text(COMET_NET)
+    (tmp_path / "solver.prototxt").write_text(
+        f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.01\nlr_policy: "fixed"\ndisplay: 1\n'
+        f'max_iter: 10\nsnapshot_prefix: "{tmp_path / "s"}"\nsolver_mode: CPU\n'
+        "comet { eb_mode: FIXED error_bound: 1e-2 }\n")
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(PYCAFFE)!r})
+import caffe
+caffe.set_mode_cpu()
+solver = caffe.get_solver({str(tmp_path / 'solver.prototxt')!r})
+solver.step(3)
+print(json.dumps(solver.comet_stats()))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, GLOG_minloglevel="2"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    stats = json.loads(r.stdout.strip().splitlines()[-1])
+    kinds = {e["blob"]: e["kind"] for e in stats["layers"]}
+    assert kinds["conv1"] == "mask"            # only ReLU reads it: 1 bit per value
+    assert kinds["pool1 argmax"] == "argmax"   # max pooling's private argmax, as window offsets
+    assert kinds["drop1 mask"] == "binary"     # Dropout's mask
+    assert kinds["norm1 scale"] == "scale"     # LRN's scale: freed after LRN's backward
+    assert kinds["norm1"] == "lossy" and kinds["pool1"] == "lossy"
+    by_blob = {e["blob"]: e for e in stats["layers"]}
+    assert by_blob["pool1 argmax"]["ratio"] == pytest.approx(8.0, rel=0.05)
+    assert by_blob["conv1"]["ratio"] == pytest.approx(32.0, rel=0.05)
+    assert stats["bounds"]["fc1"] == pytest.approx(1e-2)
+    assert stats["memory"]["peak_total"] > 0
+    assert set(stats["pool"]) == {"reused", "allocated", "returned", "cached", "in_use", "peak_in_use"}
+    assert stats["pool"]["in_use"] + stats["pool"]["cached"] <= stats["pool"]["peak_in_use"]

@@ -12,7 +12,8 @@ namespace caffe {
 
 // The figures of the last display interval: {'iter', 'layers': [{layer, blob, kind, ratio, eb,
 // ms, dense_bytes, stored_bytes}], 'bounds': {layer: eb}, 'memory': {'current': {kind: bytes},
-// 'peak': {...}, 'at_peak': {...}, 'peak_total': bytes}}; None when COMET is off.
+// 'peak': {...}, 'at_peak': {...}, 'peak_total': bytes}, 'pool': {reused, allocated, returned,
+// cached, in_use, peak_in_use} (with memory_pool)}; None when COMET is off.
 template <typename Dtype>
 boost::python::object CometStatsDict(Solver<Dtype>* solver) {
   namespace bp = boost::python;
@@ -52,6 +53,18 @@ boost::python::object CometStatsDict(Solver<Dtype>* solver) {
   memory["at_peak"] = at_peak;
   memory["peak_total"] = m.peak_total;
   out["memory"] = memory;
+  if (store->param().memory_pool()) {
+    const CometPoolStats ps =
+        Caffe::mode() == Caffe::GPU ? CometGpuPoolQuery() : CometHostPoolQuery();
+    bp::dict pool;
+    pool["reused"] = ps.hits;
+    pool["allocated"] = ps.misses;
+    pool["returned"] = ps.evicted;
+    pool["cached"] = ps.cached;
+    pool["in_use"] = ps.in_use;
+    pool["peak_in_use"] = ps.peak_in_use;
+    out["pool"] = pool;
+  }
   return out;
 }
 

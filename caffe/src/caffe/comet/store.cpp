@@ -23,8 +23,7 @@ const char* CometMemory::name(int kind) {
 
 template <typename Dtype>
 const char* CometStore<Dtype>::ActionName(Action a) {
-  static const char* names[] = {"keep",   "release", "lossy",    "mask",
-                                "argmax", "binary",  "recompute"};
+  static const char* names[] = {"keep", "release", "lossy", "mask", "argmax", "binary", "scale"};
   return names[a];
 }
 
