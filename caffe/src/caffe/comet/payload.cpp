@@ -43,11 +43,6 @@ namespace {
 void* HostMap(size_t size) {
   void* p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   CHECK(p != MAP_FAILED) << "COMET: host allocation of " << size << " bytes failed";
-#ifdef MADV_HUGEPAGE
-  // 2 MB pages where the kernel offers them on request: a fresh block faults in 512 times less
-  // often. Advice only; nothing changes where it is not taken.
-  if (size >= (2 << 20)) madvise(p, size, MADV_HUGEPAGE);
-#endif
   return p;
 }
 void HostUnmap(void* ptr, size_t size) { CHECK_EQ(munmap(ptr, size), 0) << "COMET: munmap"; }
