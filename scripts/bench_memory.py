@@ -8,10 +8,11 @@ first without a comet block, then with one. Its input is either
   --data noise: DummyData, Gaussian noise (std 50), the worst case for compression.
 The net is otherwise unchanged. Each run is its own process, so its peak resident set size
 (ru_maxrss from wait4) is its own. Reported per run: peak RSS, the store's tracked peak and activation
-storage (COMET runs), and seconds per iteration after warm-up.
+storage (COMET runs), seconds per iteration after warm-up (wall clock, median), and the CPU seconds
+(user + system) of the whole run, which another tenant's load on a shared machine disturbs less.
 
-    scripts/bench_memory [--batches 64 256] [--iters 3] [--warmup 1] [--data images|noise] [--gpu 0]
-                         [--markdown out.md]
+    scripts/bench_memory [--batches 64 256] [--iters 3] [--warmup 1] [--repeat 1] [--data images|noise]
+                         [--pool-headroom 0] [--gpu 0] [--markdown out.md]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,7 +79,7 @@ def make_net(pb2, text_format, batch: int, images: Path | None) -> str:
     return text_format.MessageToString(net)
 
 
-def run(caffe: Path, workdir: Path, name: str, net_text: str, comet: bool, iters: int, gpu):
+def run(caffe: Path, workdir: Path, name: str, net_text: str, comet: str | None, iters: int, gpu):
     net = workdir / f"{name}.prototxt"
     net.write_text(net_text)
     solver = workdir / f"{name}_solver.prototxt"
@@ -85,7 +87,7 @@ def run(caffe: Path, workdir: Path, name: str, net_text: str, comet: bool, iters
         f'net: "{net}"\nbase_lr: 0.001\nmomentum: 0.9\nweight_decay: 0.0005\nlr_policy: "fixed"\n'
         f'display: 1\nmax_iter: {iters}\nsnapshot: 0\nsnapshot_after_train: false\nsnapshot_prefix: "{workdir / name}"\n'
         f'solver_mode: {"GPU" if gpu is not None else "CPU"}\nrandom_seed: 1\n'
-        + (COMET_BLOCK if comet else ""))
+        + (comet or ""))
     cmd = [str(caffe), "train", "-solver", str(solver)]
     if gpu is not None:
         cmd += ["-gpu", str(gpu)]
@@ -96,7 +98,7 @@ def run(caffe: Path, workdir: Path, name: str, net_text: str, comet: bool, iters
     text = log.read_text(errors="replace")
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{name} failed; log: {log}\n" + "\n".join(text.splitlines()[-15:]))
-    return text, usage.ru_maxrss * 1024
+    return text, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def iteration_times(text: str) -> list[float]:
@@ -138,9 +140,13 @@ def main() -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--iters", type=int, default=3, help="timed iterations after warm-up")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run COMET off and on this many times, alternating; s/iter is the median")
     ap.add_argument("--gpu", type=int, default=None, help="GPU id (default: CPU)")
     ap.add_argument("--data", choices=["images", "noise"], default="images",
                     help="input: the embedded synthetic images (default) or Gaussian noise")
+    ap.add_argument("--pool-headroom", type=float, default=None,
+                    help="comet.memory_pool_headroom for the COMET runs (default: the solver default, 0)")
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     ap.add_argument("--keep", type=Path, default=None, help="keep prototxts and logs in this folder")
     args = ap.parse_args()
@@ -157,43 +163,64 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         for batch in args.batches:
             net = make_net(pb2, text_format, batch, images)
+            runs = {False: {"times": [], "rss": 0, "cpu": []}, True: {"times": [], "rss": 0, "cpu": []}}
+            for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike
+                for comet in (False, True):
+                    name = f"caffenet_b{batch}_{'on' if comet else 'off'}"
+                    name += f"_{rep + 1}" if args.repeat > 1 else ""
+                    t0 = time.time()
+                    block = None
+                    if comet:
+                        block = COMET_BLOCK if args.pool_headroom is None else COMET_BLOCK.replace(
+                            "}", f"  memory_pool_headroom: {args.pool_headroom}\n}}")
+                    text, rss, cpu = run(caffe, work, name, net, block, args.warmup + args.iters, args.gpu)
+                    times = iteration_times(text)[args.warmup - 1 if args.warmup else 0:]
+                    fig = comet_figures(text)
+                    r = runs[comet]
+                    r["times"] += times
+                    r["rss"] = max(r["rss"], rss)
+                    r["cpu"].append(cpu)
+                    r["fig"] = fig
+                    per_iter = statistics.median(times) if times else float("nan")
+                    print(f"{name}: peak RSS {mb(rss)} MB, {per_iter:.2f} s/iter, {cpu:.0f} CPU s"
+                          + (f", activations {mb(fig['dense'])} -> {mb(fig['stored'])} MB "
+                             f"({fig['ratio']:.1f}x), tracked peak {mb(fig['tracked_peak'])} MB" if fig else "")
+                          + f"  ({time.time() - t0:.0f} s)", flush=True)
             base = None
             for comet in (False, True):
-                name = f"caffenet_b{batch}_{'on' if comet else 'off'}"
-                t0 = time.time()
-                text, rss = run(caffe, work, name, net, comet, args.warmup + args.iters, args.gpu)
-                times = iteration_times(text)[args.warmup - 1 if args.warmup else 0:]
-                per_iter = sum(times) / len(times) if times else float("nan")
-                fig = comet_figures(text)
-                row = {"batch": batch, "comet": "on" if comet else "off", "rss": rss,
-                       "s_per_iter": per_iter, **fig}
+                r = runs[comet]
+                per_iter = statistics.median(r["times"]) if r["times"] else float("nan")
+                row = {"batch": batch, "comet": "on" if comet else "off", "rss": r["rss"],
+                       "s_per_iter": per_iter, "cpu": statistics.median(r["cpu"]), **r["fig"]}
                 if base:
-                    row["rss_x"] = base["rss"] / rss
+                    row["rss_x"] = base["rss"] / r["rss"]
                     row["time_pct"] = 100 * (per_iter / base["s_per_iter"] - 1)
+                    row["cpu_pct"] = 100 * (row["cpu"] / base["cpu"] - 1)
                 else:
                     base = row
                 rows.append(row)
-                print(f"{name}: peak RSS {mb(rss)} MB, {per_iter:.2f} s/iter"
-                      + (f", activations {mb(fig['dense'])} -> {mb(fig['stored'])} MB "
-                         f"({fig['ratio']:.1f}x), tracked peak {mb(fig['tracked_peak'])} MB" if fig else "")
-                      + f"  ({time.time() - t0:.0f} s)", flush=True)
 
     device = f"GPU {args.gpu}" if args.gpu is not None else f"CPU ({os.cpu_count()} cores)"
-    out = [f"CaffeNet training on {device}, {args.iters} timed iterations after {args.warmup} warm-up; "
+    out = [f"CaffeNet training on {device}, {args.iters} timed iterations after {args.warmup} warm-up"
+           + (f", COMET off and on alternated {args.repeat} times (median s/iter)" if args.repeat > 1 else "")
+           + "; "
            f"command: `scripts/bench_memory --batches {' '.join(map(str, args.batches))} "
            f"--iters {args.iters} --warmup {args.warmup} --data {args.data}"
+           + (f" --repeat {args.repeat}" if args.repeat > 1 else "")
+           + (f" --pool-headroom {args.pool_headroom}" if args.pool_headroom is not None else "")
            + (f" --gpu {args.gpu}" if args.gpu is not None else "") + "`",
            "",
            "| batch | COMET | peak RSS (MB) | RSS off/on | stored activations (MB): dense -> compressed | "
-           "layer buffers (MB) | tracked peak (MB) | s/iter | time vs off |",
-           "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "layer buffers (MB) | tracked peak (MB) | s/iter | time vs off | CPU s per run | CPU vs off |",
+           "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         act = f"{mb(r['dense'])} -> {mb(r['stored'])} ({r['ratio']:.1f}x)" if "ratio" in r else "-"
         buffers = f"{mb(r['buffers_dense'])} -> {mb(r['buffers_stored'])}" if "buffers_dense" in r else "-"
         out.append(f"| {r['batch']} | {r['comet']} | {mb(r['rss'])} | "
                    f"{r.get('rss_x', 1):.2f}x | {act} | {buffers} | "
                    f"{mb(r['tracked_peak']) if 'tracked_peak' in r else '-'} | {r['s_per_iter']:.2f} | "
-                   f"{('%+.1f%%' % r['time_pct']) if 'time_pct' in r else '-'} |")
+                   f"{('%+.1f%%' % r['time_pct']) if 'time_pct' in r else '-'} | {r['cpu']:.0f} | "
+                   f"{('%+.1f%%' % r['cpu_pct']) if 'cpu_pct' in r else '-'} |")
     table = "\n".join(out)
     print("\n" + table)
     if args.markdown:

@@ -104,7 +104,7 @@ bool CometReluBackward(const CometPayload& mask, const float* top_diff, float* b
 // Host allocations of SyncedMemory (1 MB and more, CPU mode) go through a pool while a COMET
 // store with memory_pool is active: a freed buffer is kept for the next allocation of the same
 // size instead of going back to the kernel and faulting in again. The pool never holds more
-// than the peak in use, so the process's peak memory does not grow; the oldest buffers go first.
+// than the peak in use (times 1 + headroom), so the process's peak memory does not grow.
 void CometHostMalloc(void** ptr, size_t size, bool* use_cuda);
 void CometHostFree(void* ptr, size_t size, bool use_cuda);
 void CometHostPoolEnable(bool on);
@@ -122,6 +122,8 @@ struct CometPoolStats {
 CometPoolStats CometGpuPoolQuery();
 // A training step starts (both pools): the sizes asked for in the last step guide evictions.
 void CometPoolsMarkStep();
+// Lets both pools hold up to (1 + fraction) x their peak in use (comet.memory_pool_headroom).
+void CometPoolsSetHeadroom(double fraction);
 CometPoolStats CometHostPoolQuery();
 
 }  // namespace caffe

@@ -510,8 +510,8 @@ class BlockPool {
   typedef std::pair<int, size_t> Key;
   typedef void (*FreeFn)(void* ptr, size_t size);
   explicit BlockPool(FreeFn free_fn)
-      : enabled(0), in_use(0), cached(0), peak_in_use(0), hits(0), misses(0), evicted(0),
-        free_fn_(free_fn) {}
+      : enabled(0), headroom(0), in_use(0), cached(0), peak_in_use(0), hits(0), misses(0),
+        evicted(0), free_fn_(free_fn) {}
 
   // A cached block for key, or NULL (the caller allocates and calls Track).
   void* Take(const Key& key) {
@@ -562,6 +562,7 @@ class BlockPool {
   }
   // The last user is gone: the cache goes back, and the next user starts its own peak.
   void Disable() {
+    headroom = 0;
     ReleaseCached();
     peak_in_use = in_use;
     requests_.clear();
@@ -579,6 +580,7 @@ class BlockPool {
 
   boost::mutex mutex;
   int enabled;
+  double headroom;  // the cache may reach (1 + headroom) x the peak in use
   size_t in_use, cached, peak_in_use, hits, misses, evicted;
 
  private:
@@ -595,7 +597,8 @@ class BlockPool {
     return 2 * n + 1;
   }
   void Trim() {
-    while (!lru_.empty() && in_use + cached > peak_in_use) {
+    const size_t cap = peak_in_use + static_cast<size_t>(headroom * peak_in_use);
+    while (!lru_.empty() && in_use + cached > cap) {
       // the victim: furthest next use; among equals the oldest (lru_ is oldest first)
       std::list<Block>::iterator victim = lru_.begin();
       size_t furthest = NextUse(victim->key);
@@ -732,6 +735,19 @@ CometPoolStats CometGpuPoolQuery() {
   return s;
 }
 #endif  // CPU_ONLY
+
+void CometPoolsSetHeadroom(double fraction) {
+  {
+    BlockPool& pool = HostPool();
+    boost::mutex::scoped_lock lock(pool.mutex);
+    pool.headroom = std::max(0.0, fraction);
+  }
+#ifndef CPU_ONLY
+  BlockPool& pool = GpuPool();
+  boost::mutex::scoped_lock lock(pool.mutex);
+  pool.headroom = std::max(0.0, fraction);
+#endif
+}
 
 void CometPoolsMarkStep() {
   {

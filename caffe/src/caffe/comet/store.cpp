@@ -135,8 +135,10 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
   net_->add_after_backward(hooks_[3].get());
   solver_->add_callback(this);
   if (param_.memory_pool()) {
+    CHECK_GE(param_.memory_pool_headroom(), 0) << "comet.memory_pool_headroom must be >= 0";
     CometHostPoolEnable(true);
     CometGpuPoolEnable(true);
+    CometPoolsSetHeadroom(param_.memory_pool_headroom());
   }
 
   stats_path_ = param_.stats_file();

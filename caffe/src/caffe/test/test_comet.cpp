@@ -485,6 +485,29 @@ TEST_F(CometPayloadTest, HostPoolReusesFreedBlocksWithinThePeak) {
   CometHostPoolEnable(false);
 }
 
+TEST_F(CometPayloadTest, HostPoolHeadroomKeepsMoreAboveThePeak) {
+  const size_t mb = 1 << 20;
+  bool cuda = false;
+  size_t evicted[2];
+  const double headroom[2] = {0, 1};
+  for (int k = 0; k < 2; ++k) {
+    CometHostPoolEnable(true);
+    CometPoolsSetHeadroom(headroom[k]);
+    const size_t e0 = CometHostPoolQuery().evicted;
+    void *a = NULL, *b = NULL;
+    CometHostMalloc(&a, 4 * mb, &cuda);
+    CometHostFree(a, 4 * mb, false);   // cached: 4 MB, peak in use 4 MB
+    CometHostMalloc(&b, 5 * mb, &cuda);  // 5 in use + 4 cached: over 1x the new peak, under 2x
+    evicted[k] = CometHostPoolQuery().evicted - e0;
+    const CometPoolStats st = CometHostPoolQuery();
+    EXPECT_LE(st.in_use + st.cached, static_cast<size_t>((1 + headroom[k]) * st.peak_in_use));
+    CometHostFree(b, 5 * mb, false);
+    CometHostPoolEnable(false);
+  }
+  EXPECT_EQ(evicted[0], 1u);
+  EXPECT_EQ(evicted[1], 0u);
+}
+
 // Steps repeat their allocations; the pool keeps the block asked for soonest in the last step.
 TEST_F(CometPayloadTest, HostPoolEvictsTheBlockNeededLast) {
   const size_t mb = 1 << 20;
