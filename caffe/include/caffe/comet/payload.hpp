@@ -125,6 +125,8 @@ void CometPoolsMarkStep();
 // Lets both pools hold up to (1 + fraction) x their peak in use (comet.memory_pool_headroom).
 void CometPoolsSetHeadroom(double fraction);
 CometPoolStats CometHostPoolQuery();
+// The pool that serves SyncedMemory in the current mode (GPU mode: the device pool).
+CometPoolStats CometPoolQuery();
 
 }  // namespace caffe
 

@@ -54,8 +54,7 @@ boost::python::object CometStatsDict(Solver<Dtype>* solver) {
   memory["peak_total"] = m.peak_total;
   out["memory"] = memory;
   if (store->param().memory_pool()) {
-    const CometPoolStats ps =
-        Caffe::mode() == Caffe::GPU ? CometGpuPoolQuery() : CometHostPoolQuery();
+    const CometPoolStats ps = CometPoolQuery();
     bp::dict pool;
     pool["reused"] = ps.hits;
     pool["allocated"] = ps.misses;

@@ -52,6 +52,10 @@ class CometStore : public Solver<Dtype>::Callback {
   // One group of net blobs sharing the same data memory (in-place layers, Split, Flatten, ...),
   // or one layer-private buffer.
   struct Entry {
+    Entry()
+        : layer(-1), action(KEEP), signs(false), last_forward(-1), last_backward(-1),
+          timing(new CometTiming()), dense_bytes(0), stored_bytes(0), encode_ms(0), eb_sum(0),
+          samples(0), last_ratio(0), last_ms(0), last_eb(0), last_dense(0), last_stored(0) {}
     std::string name;            // what the log calls it: the reading layer(s)
     std::string blob;            // first blob name, or "<layer> argmax|mask|scale"
     std::vector<int> blob_ids;   // empty for a layer-private buffer
@@ -107,6 +111,7 @@ class CometStore : public Solver<Dtype>::Callback {
   void BeforeBackward(int layer);
   void AfterBackward(int layer);
   SyncedMemory* PrivateBuffer(const Entry& e) const;
+  SyncedMemory* EntryMemory(const Entry& e) const;  // the memory an entry stores
   void StorePrivate(Entry* e);
   void ReluBackwardFromMask(int layer);
   void Sample();

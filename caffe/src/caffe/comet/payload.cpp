@@ -736,6 +736,10 @@ CometPoolStats CometGpuPoolQuery() {
 }
 #endif  // CPU_ONLY
 
+CometPoolStats CometPoolQuery() {
+  return Caffe::mode() == Caffe::GPU ? CometGpuPoolQuery() : CometHostPoolQuery();
+}
+
 void CometPoolsSetHeadroom(double fraction) {
   {
     BlockPool& pool = HostPool();

@@ -265,15 +265,8 @@ void CometStore<Dtype>::MakePlan() {
     Entry e;
     e.blob = net_->blob_names()[members[g][0]];
     e.blob_ids = members[g];
-    e.layer = -1;
     e.last_forward = last_fwd[g];
     e.last_backward = readers[g].empty() ? -1 : last_bwd[g];
-    e.timing.reset(new CometTiming());
-    e.dense_bytes = e.stored_bytes = e.encode_ms = e.eb_sum = 0;
-    e.samples = 0;
-    e.last_ratio = e.last_ms = e.last_eb = 0;
-    e.last_dense = e.last_stored = 0;
-    e.signs = false;
     if (readers[g].empty()) {
       if (!param_.release_unused()) continue;
       e.action = RELEASE;
@@ -352,12 +345,6 @@ void CometStore<Dtype>::MakePlan() {
       continue;
     }
     e.last_forward = e.last_backward = i;
-    e.signs = false;
-    e.timing.reset(new CometTiming());
-    e.dense_bytes = e.stored_bytes = e.encode_ms = e.eb_sum = 0;
-    e.samples = 0;
-    e.last_ratio = e.last_ms = e.last_eb = 0;
-    e.last_dense = e.last_stored = 0;
     private_of_layer_[i].push_back(entries_.size());
     after_forward_[i].push_back(entries_.size());
     after_backward_[i].push_back(entries_.size());
@@ -448,8 +435,7 @@ void CometStore<Dtype>::BeforeForward(int layer) {
     for (int i = 0; i < entries_.size(); ++i) {
       Entry& e = entries_[i];
       if (!e.stored) continue;
-      SyncedMemory* mem = e.layer >= 0 ? PrivateBuffer(e)
-                                       : net_->blobs()[e.blob_ids[0]]->data().get();
+      SyncedMemory* mem = EntryMemory(e);
       if (mem->comet_payload() == e.stored) mem->comet_payload().reset();
       e.stored.reset();
     }
@@ -481,6 +467,11 @@ SyncedMemory* CometStore<Dtype>::PrivateBuffer(const Entry& e) const {
     default: LOG(FATAL) << "not a layer-private buffer: " << e.blob;
   }
   return NULL;
+}
+
+template <typename Dtype>
+SyncedMemory* CometStore<Dtype>::EntryMemory(const Entry& e) const {
+  return e.layer >= 0 ? PrivateBuffer(e) : net_->blobs()[e.blob_ids[0]]->data().get();
 }
 
 // After the owning layer's forward: argmax and Dropout mask as packed codes, LRN's scale freed.
@@ -684,8 +675,7 @@ void CometStore<Dtype>::AfterBackward(int layer) {
       PrivateBuffer(e)->comet_release();
       continue;
     }
-    SyncedMemory* mem = e.layer >= 0 ? PrivateBuffer(e)
-                                     : net_->blobs()[e.blob_ids[0]]->data().get();
+    SyncedMemory* mem = EntryMemory(e);
     if (!mem->comet_can_release() || mem->comet_payload() || !e.stored) continue;
     mem->comet_release();  // decoded for backward; the compressed copy goes back on
     mem->comet_payload() = e.stored;
@@ -831,8 +821,7 @@ void CometStore<Dtype>::Report() {
            FormatBytes(m.at_peak[CometMemory::SCRATCH]).c_str());
   LOG(INFO) << line;
   if (param_.memory_pool()) {
-    const CometPoolStats pool =
-        Caffe::mode() == Caffe::GPU ? CometGpuPoolQuery() : CometHostPoolQuery();
+    const CometPoolStats pool = CometPoolQuery();
     LOG(INFO) << "COMET memory pool: reused " << pool.hits << ", allocated " << pool.misses
               << ", returned " << pool.evicted << ", cached " << FormatBytes(pool.cached);
   }
