@@ -27,7 +27,7 @@ struct CometTiming {
 class CometPayload {
  public:
   // RELEASED holds nothing: it marks memory the store freed after its last use in the training
-  // step; reading it from outside gives zeros and a warning instead of a silent zero.
+  // step; reading it is a fatal error (or a Python exception) naming the blob and the reader.
   enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2, ARGMAX = 3, BINARY = 4 };
   CometPayload(Kind kind, bool on_device, size_t count, const std::string& name);
   ~CometPayload();
@@ -69,12 +69,22 @@ class CometPayload {
 };
 
 // Called by SyncedMemory::to_cpu/to_gpu when a payload is attached: decodes it into freshly
-// allocated dense memory on the side where it was made and drops it. A corrupt payload is a
-// fatal error with the blob's name; it is never used.
+// allocated dense memory on the side where it was made and drops it. A corrupt payload, a read
+// of memory the store freed (RELEASED) and a read of the values of a blob held only as signs
+// (MASK) are fatal errors naming the blob and the reader (CometSetReadContext); never zeros.
 void CometRestore(SyncedMemory* mem);
 
+// What is running, for those messages: "layer 'fc8' (InnerProduct) backward, iteration 12".
+void CometSetReadContext(const std::string& context);
+const std::string& CometReadContext();
+// pycaffe turns COMET's fatal errors into std::runtime_error (Python's RuntimeError, same
+// words) instead of aborting the interpreter.
+void CometSetFatalThrows(bool on);
+// LOG(FATAL) << message, or the exception above.
+void CometFatal(const std::string& message);
+
 // Frees mem's dense buffers and marks them released (see CometPayload::RELEASED); `what` says
-// which memory it is, for the warning ("data of blob 'fc8'").
+// which memory it is, for the error ("data of blob 'fc8'").
 void CometMarkReleased(SyncedMemory* mem, const std::string& what);
 
 // Encoders. `data` lives on the device when on_device. Dims are N,C,H,W (innermost last).

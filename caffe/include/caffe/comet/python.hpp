@@ -10,6 +10,9 @@
 
 namespace caffe {
 
+// In Python a read of memory the store freed raises RuntimeError instead of ending the process.
+static const bool comet_python_fatal_throws = (CometSetFatalThrows(true), true);
+
 // The figures of the last display interval: {'iter', 'layers': [{layer, blob, kind, ratio, eb,
 // ms, dense_bytes, stored_bytes}], 'bounds': {layer: eb}, 'memory': {'current': {kind: bytes},
 // 'peak': {...}, 'at_peak': {...}, 'peak_total': bytes}, 'pool': {reused, allocated, returned,

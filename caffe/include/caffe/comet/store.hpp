@@ -2,10 +2,12 @@
 #define CAFFE_COMET_STORE_HPP_
 
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "caffe/comet/payload.hpp"
+#include "caffe/comet/plan.hpp"
 #include "caffe/net.hpp"
 #include "caffe/proto/caffe.pb.h"
 #include "caffe/solver.hpp"
@@ -37,34 +39,19 @@ struct CometMemory {
 // last backward reader. Blobs no backward step reads are freed after their last forward reader;
 // activation diffs are freed after their last backward use. Error bounds adapt per layer.
 template <typename Dtype>
-class CometStore : public Solver<Dtype>::Callback {
+class CometStore : public Solver<Dtype>::Callback, public CometActions {
  public:
   // The store for solver's train net, or NULL when the solver has no enabled comet block.
   static shared_ptr<CometStore<Dtype> > Attach(Solver<Dtype>* solver);
   CometStore(Solver<Dtype>* solver, const CometParameter& param);
   virtual ~CometStore();
 
-  // LOSSY, MASK, RELEASE, KEEP: net blobs. ARGMAX, BINARY, RECOMPUTE: a layer's private buffer
-  // (max pooling's argmax and Dropout's mask as packed codes; LRN's scale freed and recomputed).
-  enum Action { KEEP = 0, RELEASE, LOSSY, MASK, ARGMAX, BINARY, RECOMPUTE };
-  static const char* ActionName(Action a);
-
-  // One group of net blobs sharing the same data memory (in-place layers, Split, Flatten, ...),
-  // or one layer-private buffer.
-  struct Entry {
-    Entry()
-        : layer(-1), action(KEEP), signs(false), last_forward(-1), last_backward(-1),
-          timing(new CometTiming()), dense_bytes(0), stored_bytes(0), encode_ms(0), eb_sum(0),
-          samples(0), last_ratio(0), last_ms(0), last_eb(0), last_dense(0), last_stored(0) {}
-    std::string name;            // what the log calls it: the reading layer(s)
-    std::string blob;            // first blob name, or "<layer> argmax|mask|scale"
-    std::vector<int> blob_ids;   // empty for a layer-private buffer
-    int layer;                   // the layer owning a private buffer, else -1
-    Action action;
-    bool signs;                  // LOSSY read by ReLU too: a sign mask is stored alongside
-    int last_forward;            // compress/release after this layer's forward
-    int last_backward;           // free again after this layer's backward (-1: none)
-    std::vector<int> eb_layers;  // LOSSY: indices into bounds_ of the layers reading it
+  // A planned entry (plan.hpp) with what the store did with it.
+  struct Entry : public CometPlanEntry {
+    explicit Entry(const CometPlanEntry& planned = CometPlanEntry())
+        : CometPlanEntry(planned), timing(new CometTiming()), dense_bytes(0), stored_bytes(0),
+          encode_ms(0), eb_sum(0), samples(0), last_ratio(0), last_ms(0), last_eb(0),
+          last_dense(0), last_stored(0) {}
     shared_ptr<CometTiming> timing;
     // The payload of the last forward: it goes back onto the memory after the last backward
     // reader, so a second backward or a later read decodes it again instead of reading zeros.
@@ -76,15 +63,7 @@ class CometStore : public Solver<Dtype>::Callback {
     double last_ratio, last_ms, last_eb;
     size_t last_dense, last_stored;
   };
-  // The error bound of one Convolution/InnerProduct/LRN layer whose input is stored lossy.
-  struct Bound {
-    std::string layer;
-    int layer_id;
-    float eb;
-    bool fixed;        // set by the layer's comet_param.error_bound
-    bool adapt;        // the adaptive rule applies (Convolution, InnerProduct)
-    int follow;        // LRN in ADAPTIVE mode: index of the bound it takes (-1: its own)
-  };
+  typedef CometPlanBound Bound;
 
   const std::vector<Entry>& entries() const { return entries_; }
   const std::vector<Bound>& bounds() const { return bounds_; }
@@ -105,7 +84,13 @@ class CometStore : public Solver<Dtype>::Callback {
 
  private:
   class Hook;
+  // (Re)plans from the net as it is now and the aliases found so far; entries that keep their
+  // blob keep what they stored.
   void MakePlan();
+  // The memory a layer's blobs hold now against the plan's groups; a new share re-plans.
+  void CheckSharing(int layer, bool diff);
+  // Names the layer and pass running now, for the message of a read of freed memory.
+  void SetContext(int layer, const char* pass);
   void BeforeForward(int layer);
   void AfterForward(int layer);
   void BeforeBackward(int layer);
@@ -123,15 +108,11 @@ class CometStore : public Solver<Dtype>::Callback {
   Solver<Dtype>* solver_;
   Net<Dtype>* net_;
   CometParameter param_;
-  std::vector<Entry> entries_;
-  std::vector<Bound> bounds_;
-  std::vector<std::vector<int> > after_forward_;    // layer -> entries
-  std::vector<std::vector<int> > after_backward_;   // layer -> entries
-  std::vector<std::vector<int> > diff_release_;     // layer -> blob ids whose diff is freed
-  std::vector<std::vector<int> > tops_written_;     // layer -> blob ids overwritten by forward
-  std::vector<int> entry_of_blob_;                  // blob -> index into entries_ or -1
-  std::vector<int> bound_of_layer_;                 // layer -> index into bounds_ or -1
-  std::vector<std::vector<int> > private_of_layer_;  // layer -> its private-buffer entries
+  CometPlan plan_;
+  CometAliases data_aliases_, diff_aliases_;        // sharing found at run time
+  std::map<const SyncedMemory*, int> seen_data_, seen_diff_;  // this step: memory -> group
+  std::vector<Entry> entries_;                      // plan_.entries with what was done
+  std::vector<Bound> bounds_;                       // plan_.bounds as they adapt
   std::vector<bool> relu_skipped_;                  // layer -> backward done from the mask
   std::vector<double> top_diff_sumsq_;              // layer -> ||dy||^2 (measuring iteration)
   std::vector<shared_ptr<Hook> > hooks_;

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <list>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -424,10 +425,8 @@ bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
     return DecodeCodes(p, static_cast<int32_t*>(dense), error);
   float* out = static_cast<float*>(dense);
   if (p.kind() == CometPayload::RELEASED) {
-    // The memory was freshly allocated and zeroed by SyncedMemory; say why it is zero.
-    LOG_FIRST_N(WARNING, 20) << "COMET: the " << p.name() << " was freed after its last use in "
-        << "the training step (comet { release_unused, release_diffs }); it reads as zeros";
-    return true;
+    *error = "the memory was freed; nothing holds its content";
+    return false;
   }
   if (p.kind() == CometPayload::LOSSY) {
     // The header must describe exactly this blob before any payload byte is decoded.
@@ -481,7 +480,39 @@ bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
   return DecodeMask(p, out, false, error);
 }
 
+namespace {
+std::string& ReadContext() {
+  static std::string* context = new std::string("outside a COMET training step");
+  return *context;
+}
+bool fatal_throws = false;
+}  // namespace
+
+void CometSetReadContext(const std::string& context) { ReadContext() = context; }
+const std::string& CometReadContext() { return ReadContext(); }
+void CometSetFatalThrows(bool on) { fatal_throws = on; }
+
+void CometFatal(const std::string& message) {
+  if (fatal_throws) throw std::runtime_error(message);
+  LOG(FATAL) << message;
+}
+
 void CometRestore(SyncedMemory* mem) {
+  const CometPayload& held = *mem->comet_payload();
+  if (held.kind() == CometPayload::RELEASED) {
+    // The payload stays attached: every later read fails the same way until a forward writes it.
+    CometFatal("COMET: the " + held.name() + " was freed after its last use in the training "
+               "step, and " + CometReadContext() + " reads it. The plan did not foresee this "
+               "read: report it with the net (docs/comet.md#layer-facts); comet { "
+               "release_unused: false release_diffs: false } keeps such memory");
+    return;
+  }
+  if (held.kind() == CometPayload::MASK) {
+    CometFatal("COMET: blob '" + held.name() + "' is held only as the signs of its values (a "
+               "ReLU mask) until the next forward, and " + CometReadContext() + " reads its "
+               "values; comet { relu_masks: false } keeps them");
+    return;
+  }
   shared_ptr<CometPayload> p;
   p.swap(mem->comet_payload());  // detached first: the accesses below must not recurse
   CPUTimer timer;
@@ -490,8 +521,8 @@ void CometRestore(SyncedMemory* mem) {
   CHECK_GE(mem->size(), p->dense_bytes()) << "COMET: blob " << p->name() << " shrank";
   std::string error;
   if (!CometDecode(*p, out, &error)) {
-    LOG(FATAL) << "COMET: the compressed data of blob '" << p->name() << "' is corrupt ("
-               << error << "); refusing to use it";
+    CometFatal("COMET: the compressed data of blob '" + p->name() + "' is corrupt (" + error +
+               "), read by " + CometReadContext() + "; refusing to use it");
   }
   if (p->timing) p->timing->decode_ms += timer.MilliSeconds();
 }

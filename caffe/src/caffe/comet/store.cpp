@@ -21,12 +21,6 @@ const char* CometMemory::name(int kind) {
   return names[kind];
 }
 
-template <typename Dtype>
-const char* CometStore<Dtype>::ActionName(Action a) {
-  static const char* names[] = {"keep", "release", "lossy", "mask", "argmax", "binary", "scale"};
-  return names[a];
-}
-
 // Forwards one of Net's four per-layer callbacks to the store.
 template <typename Dtype>
 class CometStore<Dtype>::Hook : public Net<Dtype>::Callback {
@@ -50,43 +44,6 @@ class CometStore<Dtype>::Hook : public Net<Dtype>::Callback {
 };
 
 namespace {
-
-// How a layer's Backward reads the data (not the diff) of its bottoms and tops.
-enum Read { NONE = 0, SIGN = 1, FULL = 2 };
-struct BackwardReads {
-  Read bottom, top;
-};
-
-// Upstream layers we know; anything else is assumed to read everything (nothing is freed).
-BackwardReads ReadsOf(const LayerParameter& lp) {
-  const std::string& t = lp.type();
-  BackwardReads r = {FULL, FULL};
-  if (t == "Convolution" || t == "Deconvolution" || t == "InnerProduct" || t == "Scale" ||
-      t == "PReLU" || t == "AbsVal" || t == "Log" || t == "Power" || t == "BNLL" ||
-      t == "Embed") {
-    r.bottom = FULL; r.top = NONE;
-  } else if (t == "ReLU") {
-    r.bottom = SIGN; r.top = NONE;
-  } else if (t == "Sigmoid" || t == "TanH" || t == "Exp" || t == "Softmax" || t == "ELU") {
-    r.bottom = t == "ELU" ? FULL : NONE; r.top = FULL;
-  } else if (t == "Pooling") {
-    const bool stochastic = lp.pooling_param().pool() == PoolingParameter_PoolMethod_STOCHASTIC;
-    r.bottom = stochastic ? FULL : NONE; r.top = NONE;  // MAX keeps its own argmax mask
-  } else if (t == "LRN") {
-    r.bottom = FULL; r.top = FULL;
-  } else if (t == "Dropout" || t == "Split" || t == "Concat" || t == "Slice" ||
-             t == "Flatten" || t == "Reshape" || t == "Bias" || t == "Silence" ||
-             t == "SoftmaxWithLoss" || t == "EuclideanLoss" || t == "SigmoidCrossEntropyLoss" ||
-             t == "Accuracy" || t == "ArgMax" || t == "Data" || t == "ImageData" ||
-             t == "MemoryData" || t == "HDF5Data" || t == "DummyData" || t == "Input" ||
-             t == "BatchNorm") {
-    r.bottom = NONE; r.top = NONE;  // BatchNorm and the losses keep what they need themselves
-  } else if (t == "Eltwise") {
-    const bool sum = lp.eltwise_param().operation() == EltwiseParameter_EltwiseOp_SUM;
-    r.bottom = sum ? NONE : FULL; r.top = sum ? NONE : FULL;
-  }
-  return r;
-}
 
 std::string FormatBytes(double b) {
   char buf[32];
@@ -123,7 +80,10 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
   CHECK_LE(param_.min_error_bound(), param_.max_error_bound())
       << "comet.min_error_bound must not exceed comet.max_error_bound";
   CHECK_GT(param_.adaptive_target(), 0) << "comet.adaptive_target must be positive";
+  relu_skipped_.assign(net_->layers().size(), false);
+  top_diff_sumsq_.assign(net_->layers().size(), 0);
   MakePlan();
+  CometSetReadContext("before the first training step");
   typedef typename CometStore<Dtype>::Hook H;
   hooks_.push_back(shared_ptr<H>(new H(this, H::BEFORE_FORWARD)));
   hooks_.push_back(shared_ptr<H>(new H(this, H::AFTER_FORWARD)));
@@ -165,241 +125,66 @@ CometStore<Dtype>::~CometStore() {
 
 template <typename Dtype>
 void CometStore<Dtype>::MakePlan() {
-  const int L = net_->layers().size();
-  const int B = net_->blobs().size();
-  std::set<std::string> lossy_types;
-  for (int i = 0; i < param_.compress_type_size(); ++i) lossy_types.insert(param_.compress_type(i));
-  if (lossy_types.empty()) {
-    lossy_types.insert("Convolution");
-    lossy_types.insert("InnerProduct");
-    lossy_types.insert("LRN");
-  }
-  // Blobs whose data or diff the store never touches: what callers read or set from outside.
-  std::vector<bool> protect(B, false);
-  for (int i = 0; i < net_->input_blob_indices().size(); ++i)
-    protect[net_->input_blob_indices()[i]] = true;
-  for (int i = 0; i < net_->output_blob_indices().size(); ++i)
-    protect[net_->output_blob_indices()[i]] = true;
-  for (int b = 0; b < B; ++b)
-    if (net_->blob_loss_weights()[b] != Dtype(0)) protect[b] = true;  // diff holds the weight
-  std::vector<bool> protect_diff(protect);
-  // Tops of source layers (Data, DummyData, Input, Parameter, ...): some write them once at
-  // setup (constant DummyData, Parameter shares a learnable blob) and never again. Their diff is
-  // protected only when some layer computes it (force_backward, Parameter): otherwise it holds
-  // nothing (upstream's Convolution allocates its bottom diff even when it does not fill it).
-  std::vector<bool> diff_computed(B, false);
-  for (int i = 0; i < L; ++i)
-    for (int k = 0; k < net_->bottom_ids(i).size(); ++k)
-      if (net_->layer_need_backward()[i] && net_->bottom_need_backward()[i][k])
-        diff_computed[net_->bottom_ids(i)[k]] = true;
-  for (int i = 0; i < L; ++i) {
-    if (!net_->bottom_ids(i).empty()) continue;
-    for (int k = 0; k < net_->top_ids(i).size(); ++k) {
-      const int b = net_->top_ids(i)[k];
-      protect[b] = true;
-      if (diff_computed[b] || !net_->layers()[i]->blobs().empty()) protect_diff[b] = true;
+  plan_ = MakeCometPlan(*net_, param_, data_aliases_, diff_aliases_);
+  // What the old plan stored stays with the entry of the same memory; bounds keep their value.
+  std::map<std::string, Entry> old;
+  for (int e = 0; e < entries_.size(); ++e) old[entries_[e].blob] = entries_[e];
+  std::map<std::string, float> old_eb;
+  for (int b = 0; b < bounds_.size(); ++b) old_eb[bounds_[b].layer] = bounds_[b].eb;
+  entries_.clear();
+  for (int e = 0; e < plan_.entries.size(); ++e) {
+    Entry en(plan_.entries[e]);
+    typename std::map<std::string, Entry>::iterator it = old.find(en.blob);
+    if (it != old.end() && it->second.action == en.action && it->second.blob_ids == en.blob_ids) {
+      const CometPlanEntry planned = plan_.entries[e];
+      en = it->second;
+      static_cast<CometPlanEntry&>(en) = planned;
     }
+    entries_.push_back(en);
   }
+  bounds_ = plan_.bounds;
+  for (int b = 0; b < bounds_.size(); ++b)
+    if (old_eb.count(bounds_[b].layer)) bounds_[b].eb = old_eb[bounds_[b].layer];
+}
 
-  // Group blobs by data memory.
-  std::map<const SyncedMemory*, int> group_of_mem;
-  std::vector<int> group(B);
-  std::vector<std::vector<int> > members;
-  for (int b = 0; b < B; ++b) {
-    const SyncedMemory* mem = net_->blobs()[b]->data().get();
-    std::map<const SyncedMemory*, int>::iterator it = group_of_mem.find(mem);
-    if (it == group_of_mem.end()) {
-      it = group_of_mem.insert(std::make_pair(mem, static_cast<int>(members.size()))).first;
-      members.push_back(std::vector<int>());
-    }
-    group[b] = it->second;
-    members[it->second].push_back(b);
-  }
-  const int G = members.size();
-  std::vector<int> last_fwd(G, -1), last_bwd(G, L);
-  std::vector<bool> prot(G, false), sign_only(G, true), any_sign(G, false), lossy_ok(G, true);
-  std::vector<std::vector<int> > readers(G);
-  bound_of_layer_.assign(L, -1);
-  tops_written_.assign(L, std::vector<int>());
-  for (int b = 0; b < B; ++b) if (protect[b]) prot[group[b]] = true;
-
-  for (int i = 0; i < L; ++i) {
-    const LayerParameter& lp = net_->layers()[i]->layer_param();
-    const BackwardReads reads = ReadsOf(lp);
-    const bool runs_backward = net_->layer_need_backward()[i];
-    const bool layer_lossy = lossy_types.count(lp.type()) &&
-                             (!lp.has_comet_param() || lp.comet_param().compress());
-    for (int side = 0; side < 2; ++side) {
-      const std::vector<int>& ids = side == 0 ? net_->bottom_ids(i) : net_->top_ids(i);
-      const Read read = side == 0 ? reads.bottom : reads.top;
-      for (int k = 0; k < ids.size(); ++k) {
-        const int g = group[ids[k]];
-        last_fwd[g] = std::max(last_fwd[g], i);
-        if (!runs_backward || read == NONE) continue;
-        readers[g].push_back(i);
-        last_bwd[g] = std::min(last_bwd[g], i);
-        if (read != SIGN) sign_only[g] = false;
-        if (read == SIGN) any_sign[g] = true;
-        // Lossy is fine for the inputs of the layer types in compress_type (and for LRN's
-        // output, which LRN's backward also reads). Sign reads get an exact sign mask.
-        if (read == FULL && !(layer_lossy && (side == 0 || lp.type() == "LRN")))
-          lossy_ok[g] = false;
+template <typename Dtype>
+void CometStore<Dtype>::CheckSharing(int layer, bool diff) {
+  std::map<const SyncedMemory*, int>& seen = diff ? seen_diff_ : seen_data_;
+  const std::vector<int>& group = diff ? plan_.diff_group : plan_.data_group;
+  for (int side = 0; side < 2; ++side) {
+    const std::vector<int>& ids = side == 0 ? net_->bottom_ids(layer) : net_->top_ids(layer);
+    for (int k = 0; k < ids.size(); ++k) {
+      const int b = ids[k];
+      const Blob<Dtype>* blob = net_->blobs()[b].get();
+      const SyncedMemory* mem = (diff ? blob->diff() : blob->data()).get();
+      if (!mem) continue;
+      std::map<const SyncedMemory*, int>::iterator it = seen.find(mem);
+      if (it == seen.end()) {
+        seen[mem] = b;
+      } else if (group[it->second] != group[b]) {
+        // Shared memory the plan did not know of (a Python layer's ShareData, a reshape that
+        // reused an address): one group from now on, planned again before anything is freed.
+        LOG(INFO) << "COMET: blobs '" << net_->blob_names()[it->second] << "' and '"
+                  << net_->blob_names()[b] << "' share their " << (diff ? "diff" : "data")
+                  << " after layer " << net_->layer_names()[layer] << "; re-planning";
+        (diff ? diff_aliases_ : data_aliases_).push_back(std::make_pair(it->second, b));
+        MakePlan();
       }
     }
-    const std::vector<int>& tops = net_->top_ids(i);
-    const std::vector<int>& bottoms = net_->bottom_ids(i);
-    for (int k = 0; k < tops.size(); ++k) {
-      bool in_place = false;
-      for (int j = 0; j < bottoms.size(); ++j)
-        if (group[bottoms[j]] == group[tops[k]]) in_place = true;
-      if (!in_place) tops_written_[i].push_back(tops[k]);
-    }
   }
+}
 
-  // Error bounds: one per layer whose input is stored lossy.
-  after_forward_.assign(L, std::vector<int>());
-  after_backward_.assign(L, std::vector<int>());
-  entry_of_blob_.assign(B, -1);
-  for (int g = 0; g < G; ++g) {
-    if (prot[g] || last_fwd[g] < 0) continue;
-    Entry e;
-    e.blob = net_->blob_names()[members[g][0]];
-    e.blob_ids = members[g];
-    e.last_forward = last_fwd[g];
-    e.last_backward = readers[g].empty() ? -1 : last_bwd[g];
-    if (readers[g].empty()) {
-      if (!param_.release_unused()) continue;
-      e.action = RELEASE;
-      e.name = e.blob;
-    } else if (sign_only[g]) {
-      if (!param_.relu_masks()) continue;
-      e.action = MASK;
-      e.name = net_->layer_names()[readers[g][0]];
-    } else if (lossy_ok[g]) {
-      e.action = LOSSY;
-      e.signs = any_sign[g];
-      std::set<int> seen;
-      for (int r = 0; r < readers[g].size(); ++r) {
-        const int i = readers[g][r];
-        if (!seen.insert(i).second) continue;
-        const BackwardReads reads = ReadsOf(net_->layers()[i]->layer_param());
-        if (reads.bottom == SIGN) continue;  // ReLU: served by the sign mask
-        if (!e.name.empty()) e.name += "+";
-        e.name += net_->layer_names()[i];
-        if (bound_of_layer_[i] < 0) {
-          const LayerParameter& lp = net_->layers()[i]->layer_param();
-          Bound bd;
-          bd.layer = lp.name();
-          bd.layer_id = i;
-          bd.fixed = (lp.has_comet_param() && lp.comet_param().has_error_bound()) ||
-                     param_.eb_mode() == CometParameter_ErrorBoundMode_FIXED;
-          bd.eb = lp.has_comet_param() && lp.comet_param().has_error_bound()
-                      ? lp.comet_param().error_bound() : param_.error_bound();
-          CHECK_GT(bd.eb, 0) << "comet_param.error_bound of " << lp.name() << " must be > 0";
-          bd.adapt = !bd.fixed && (lp.type() == "Convolution" || lp.type() == "InnerProduct");
-          bd.follow = -1;
-          bound_of_layer_[i] = bounds_.size();
-          bounds_.push_back(bd);
-        }
-        e.eb_layers.push_back(bound_of_layer_[i]);
-      }
-    } else {
-      continue;  // KEEP: some reader needs it exactly
-    }
-    for (int k = 0; k < e.blob_ids.size(); ++k) entry_of_blob_[e.blob_ids[k]] = entries_.size();
-    after_forward_[e.last_forward].push_back(entries_.size());
-    if (e.last_backward >= 0) after_backward_[e.last_backward].push_back(entries_.size());
-    entries_.push_back(e);
-  }
-  // An LRN layer has no weights to estimate from: in ADAPTIVE mode its bound follows the adaptive
-  // bound of the layer that reads its output (norm1 -> conv2), found in the entries they share.
-  for (int e = 0; e < entries_.size(); ++e) {
-    const std::vector<int>& ls = entries_[e].eb_layers;
-    int adaptive = -1;
-    for (int k = 0; k < ls.size(); ++k) if (bounds_[ls[k]].adapt) adaptive = ls[k];
-    for (int k = 0; k < ls.size() && adaptive >= 0; ++k) {
-      Bound& bd = bounds_[ls[k]];
-      if (!bd.adapt && !bd.fixed && bd.follow < 0) bd.follow = adaptive;
-    }
-  }
-
-  // Layer-private buffers that only the layer's own backward reads.
-  private_of_layer_.assign(L, std::vector<int>());
-  relu_skipped_.assign(L, false);
-  for (int i = 0; i < L && param_.layer_buffers(); ++i) {
-    if (!net_->layer_need_backward()[i]) continue;
-    Layer<Dtype>* layer = net_->layers()[i].get();
-    Entry e;
-    e.layer = i;
-    e.name = net_->layer_names()[i];
-    if (CometLayerAccess<Dtype>::argmax(layer)) {
-      e.action = ARGMAX;
-      e.blob = e.name + " argmax";
-    } else if (CometLayerAccess<Dtype>::dropout_mask(layer) && net_->phase() == TRAIN) {
-      e.action = BINARY;
-      e.blob = e.name + " mask";
-    } else if (CometLayerAccess<Dtype>::lrn_scale(layer)) {
-      e.action = RECOMPUTE;
-      e.blob = e.name + " scale";
-    } else {
-      continue;
-    }
-    e.last_forward = e.last_backward = i;
-    private_of_layer_[i].push_back(entries_.size());
-    after_forward_[i].push_back(entries_.size());
-    after_backward_[i].push_back(entries_.size());
-    entries_.push_back(e);
-  }
-
-  // Activation diffs: free after the last layer whose backward touches them.
-  diff_release_.assign(L, std::vector<int>());
-  if (param_.release_diffs()) {
-    std::map<const SyncedMemory*, int> last_use;
-    std::map<const SyncedMemory*, bool> diff_prot;
-    for (int b = 0; b < B; ++b) {
-      const SyncedMemory* mem = net_->blobs()[b]->diff().get();
-      if (protect_diff[b]) diff_prot[mem] = true;
-      if (!last_use.count(mem)) last_use[mem] = L;
-    }
-    for (int i = 0; i < L; ++i) {
-      if (!net_->layer_need_backward()[i]) continue;
-      for (int side = 0; side < 2; ++side) {
-        const std::vector<int>& ids = side == 0 ? net_->bottom_ids(i) : net_->top_ids(i);
-        for (int k = 0; k < ids.size(); ++k) {
-          const SyncedMemory* mem = net_->blobs()[ids[k]]->diff().get();
-          last_use[mem] = std::min(last_use[mem], i);
-        }
-      }
-    }
-    std::set<const SyncedMemory*> done;
-    for (int b = 0; b < B; ++b) {
-      const SyncedMemory* mem = net_->blobs()[b]->diff().get();
-      if (diff_prot[mem] || last_use[mem] >= L || !done.insert(mem).second) continue;
-      diff_release_[last_use[mem]].push_back(b);
-    }
-  }
-  top_diff_sumsq_.assign(L, 0);
+template <typename Dtype>
+void CometStore<Dtype>::SetContext(int layer, const char* pass) {
+  std::ostringstream os;
+  os << "layer '" << net_->layer_names()[layer] << "' (" << net_->layers()[layer]->type() << ") "
+     << pass << ", iteration " << solver_->iter();
+  CometSetReadContext(os.str());
 }
 
 template <typename Dtype>
 std::string CometStore<Dtype>::Plan() const {
-  std::ostringstream os;
-  for (int e = 0; e < entries_.size(); ++e) {
-    const Entry& en = entries_[e];
-    os << "COMET plan: blob " << en.blob << " -> ";
-    if (en.action == RECOMPUTE && !param_.recompute_lrn()) {
-      os << "freed after " << en.name << " backward";
-    } else if (en.action == RECOMPUTE) {
-      os << "freed after " << en.name << " forward, recomputed before its backward";
-    } else {
-      os << ActionName(en.action) << " after " << net_->layer_names()[en.last_forward]
-         << " forward";
-    }
-    if (en.action == LOSSY || en.action == MASK) os << ", for " << en.name << " backward";
-    if (en.signs) os << " (+ sign mask)";
-    if (e + 1 < entries_.size()) os << "\n";
-  }
-  return os.str();
+  return DescribeCometPlan(plan_, *net_, param_);
 }
 
 template <typename Dtype>
@@ -427,7 +212,10 @@ void CometStore<Dtype>::set_bound(const std::string& layer, float eb) {
 
 template <typename Dtype>
 void CometStore<Dtype>::BeforeForward(int layer) {
+  SetContext(layer, "forward");
   if (layer == 0) {
+    seen_data_.clear();  // memory addresses are checked afresh every step
+    seen_diff_.clear();
     if (param_.memory_pool()) CometPoolsMarkStep();
     // A whole forward pass rewrites every stored blob: the compressed copies kept from the last
     // step (for a second backward) go now rather than one by one, so they do not add to the
@@ -442,18 +230,28 @@ void CometStore<Dtype>::BeforeForward(int layer) {
   }
   // The forward pass overwrites these tops: a payload left from a forward without backward
   // (pycaffe, an early exit) is dropped rather than decoded for nothing.
-  const std::vector<int>& ids = tops_written_[layer];
+  const std::vector<int>& ids = plan_.tops_written[layer];
   for (int k = 0; k < ids.size(); ++k) {
     SyncedMemory* mem = net_->blobs()[ids[k]]->data().get();
     if (mem->comet_payload()) mem->comet_payload().reset();
-    if (entry_of_blob_[ids[k]] >= 0) entries_[entry_of_blob_[ids[k]]].stored.reset();
+    if (plan_.entry_of_blob[ids[k]] >= 0) entries_[plan_.entry_of_blob[ids[k]]].stored.reset();
   }
-  const std::vector<int>& own = private_of_layer_[layer];
+  const std::vector<int>& own = plan_.private_of_layer[layer];
   for (int k = 0; k < own.size(); ++k) {
     Entry& e = entries_[own[k]];
     SyncedMemory* mem = PrivateBuffer(e);
     if (mem->comet_payload()) mem->comet_payload().reset();
     e.stored.reset();
+  }
+  // Diffs freed after the last step's backward hold nothing a forward may read; a forward that
+  // writes one (HingeLoss writes its bottom's diff) starts from fresh memory.
+  for (int side = 0; side < 2; ++side) {
+    const std::vector<Blob<Dtype>*>& blobs =
+        side == 0 ? net_->bottom_vecs()[layer] : net_->top_vecs()[layer];
+    for (int k = 0; k < blobs.size(); ++k) {
+      SyncedMemory* diff = blobs[k]->diff().get();
+      if (diff && diff->comet_payload()) diff->comet_payload().reset();
+    }
   }
 }
 
@@ -518,7 +316,8 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
 
 template <typename Dtype>
 void CometStore<Dtype>::AfterForward(int layer) {
-  const std::vector<int>& todo = after_forward_[layer];
+  CheckSharing(layer, false);
+  const std::vector<int>& todo = plan_.after_forward[layer];
   for (int t = 0; t < todo.size(); ++t) {
     Entry& e = entries_[todo[t]];
     if (e.layer >= 0) {
@@ -573,13 +372,14 @@ void CometStore<Dtype>::AfterForward(int layer) {
 
 template <typename Dtype>
 void CometStore<Dtype>::BeforeBackward(int layer) {
+  SetContext(layer, "backward");
   // This backward writes its bottoms' diffs: markers of freed diffs are dropped, not "read".
   const std::vector<Blob<Dtype>*>& bottoms = net_->bottom_vecs()[layer];
   for (int k = 0; k < bottoms.size(); ++k) {
     SyncedMemory* diff = bottoms[k]->diff().get();
     if (diff->comet_payload()) diff->comet_payload().reset();
   }
-  const std::vector<int>& own = private_of_layer_[layer];
+  const std::vector<int>& own = plan_.private_of_layer[layer];
   for (int k = 0; k < own.size(); ++k) {
     Entry& e = entries_[own[k]];
     if (e.action != RECOMPUTE || PrivateBuffer(e)->head() != SyncedMemory::UNINITIALIZED) continue;
@@ -591,8 +391,7 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     net_->layers()[layer]->Forward(net_->bottom_vecs()[layer], net_->top_vecs()[layer]);
     e.encode_ms += timer.MilliSeconds();
   }
-  if (param_.relu_masks() && net_->layers()[layer]->layer_param().type() == "ReLU")
-    ReluBackwardFromMask(layer);
+  if (param_.relu_masks() && plan_.facts[layer].relu_from_mask) ReluBackwardFromMask(layer);
   if (!Measures(layer)) return;
   // ||dy||^2 of the layer's output gradient, for the error estimate after its backward.
   const std::vector<Blob<Dtype>*>& tops = net_->top_vecs()[layer];
@@ -609,8 +408,8 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
   const int b = net_->bottom_ids(layer)[0];
   std::vector<bool>& propagate =
       const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer]);
-  if (entry_of_blob_[b] < 0 || !propagate[0]) return;
-  const Entry& e = entries_[entry_of_blob_[b]];
+  if (plan_.entry_of_blob[b] < 0 || !propagate[0]) return;
+  const Entry& e = entries_[plan_.entry_of_blob[b]];
   const CometPayload* mask = !e.stored ? NULL
                              : e.action == MASK ? e.stored.get() : e.stored->sign_mask.get();
   if (!mask) return;  // kept dense this step (NaN or Inf in the input): ReLU runs as usual
@@ -640,18 +439,19 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
 // layer runs backward and has weights).
 template <typename Dtype>
 bool CometStore<Dtype>::Measures(int layer) const {
-  return measuring_ && bound_of_layer_[layer] >= 0 && bounds_[bound_of_layer_[layer]].adapt &&
+  return measuring_ && plan_.bound_of_layer[layer] >= 0 && bounds_[plan_.bound_of_layer[layer]].adapt &&
          net_->layer_need_backward()[layer] && !net_->layers()[layer]->blobs().empty();
 }
 
 template <typename Dtype>
 void CometStore<Dtype>::AfterBackward(int layer) {
+  CheckSharing(layer, true);
   if (Measures(layer)) {
     // Weight gradient dW = sum x (x) dy. An input error uniform in [-eb, eb] gives each weight
     // an error of standard deviation eb/sqrt(3) * ||dy_o|| (dy_o: the output channel the weight
     // feeds), so the RMS error over the weights is eb * ||dy|| / sqrt(3 O), O output channels.
     // Keep it below adaptive_target times the RMS of dW (docs/comet.md).
-    Bound& bd = bounds_[bound_of_layer_[layer]];
+    Bound& bd = bounds_[plan_.bound_of_layer[layer]];
     Blob<Dtype>* w = net_->layers()[layer]->blobs()[0].get();
     const double out_channels = w->shape(0);
     const double grad_rms = std::sqrt(static_cast<double>(w->sumsq_diff()) / w->count());
@@ -668,7 +468,7 @@ void CometStore<Dtype>::AfterBackward(int layer) {
     const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = true;
     relu_skipped_[layer] = false;
   }
-  const std::vector<int>& todo = after_backward_[layer];
+  const std::vector<int>& todo = plan_.after_backward[layer];
   for (int t = 0; t < todo.size(); ++t) {
     Entry& e = entries_[todo[t]];
     if (e.action == RECOMPUTE) {
@@ -680,7 +480,7 @@ void CometStore<Dtype>::AfterBackward(int layer) {
     mem->comet_release();  // decoded for backward; the compressed copy goes back on
     mem->comet_payload() = e.stored;
   }
-  const std::vector<int>& diffs = diff_release_[layer];
+  const std::vector<int>& diffs = plan_.diff_release[layer];
   for (int k = 0; k < diffs.size(); ++k) {
     SyncedMemory* mem = net_->blobs()[diffs[k]]->diff().get();
     if (mem->comet_can_release() && mem->head() != SyncedMemory::UNINITIALIZED)
@@ -742,6 +542,9 @@ void CometStore<Dtype>::on_start() {
 template <typename Dtype>
 void CometStore<Dtype>::on_gradients_ready() {
   measuring_ = false;
+  std::ostringstream os;
+  os << "outside the training step (pycaffe or a tool), after iteration " << solver_->iter();
+  CometSetReadContext(os.str());
   const int display = solver_->param().display();
   if (display && solver_->iter() % display == 0) Report();
 }

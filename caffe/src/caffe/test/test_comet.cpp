@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -827,16 +828,31 @@ TEST_F(CometStoreTest, SecondBackwardSeesTheStoredActivationsAgain) {
   EXPECT_GT(sum, 0.f);
 }
 
-TEST_F(CometStoreTest, FreedBlobsReadAsZerosNotGarbage) {
+TEST_F(CometStoreTest, AReadOfFreedMemoryIsAnErrorNamingBlobAndReader) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
   shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
   Run(on.get(), 1);
-  // ip1 is read by the loss in forward only: freed after it; reading it later gives zeros
-  // (and a warning in the log) rather than stale or random memory
+  // ip1 is read by the loss in forward only: freed after it. Reading it later is an error that
+  // says what was freed and who read it (pycaffe: a RuntimeError), never zeros.
   const Blob<float>* ip1 = on->net()->blob_by_name("ip1").get();
-  for (int i = 0; i < ip1->count(); ++i) ASSERT_EQ(ip1->cpu_data()[i], 0.f);
-  // the next step overwrites it as usual
+  std::string what;
+  CometSetFatalThrows(true);
+  try {
+    ip1->cpu_data();
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  CometSetFatalThrows(false);
+  EXPECT_NE(what.find("data of blob 'ip1' was freed"), std::string::npos) << what;
+  EXPECT_NE(what.find("outside the training step (pycaffe or a tool), after iteration 0"),
+            std::string::npos) << what;
+  EXPECT_DEATH(ip1->cpu_data(), "data of blob 'ip1' was freed");
+  // conv1 is held as relu1's sign mask: its values are not there to read
+  EXPECT_DEATH(on->net()->blob_by_name("conv1")->cpu_data(),
+               "blob 'conv1' is held only as the signs of its values");
+  // the next step overwrites both as usual
   Run(on.get(), 1);
-  EXPECT_GT(on->comet()->memory().peak_total, 0u);
+  EXPECT_EQ(on->iter(), 2);
 }
 
 TEST_F(CometStoreTest, CorruptStoredActivationIsDetected) {
@@ -846,7 +862,8 @@ TEST_F(CometStoreTest, CorruptStoredActivationIsDetected) {
   shared_ptr<CometPayload>& p = on->net()->blob_by_name("pool1")->data()->comet_payload();
   ASSERT_TRUE(p.get() != NULL);
   static_cast<uint8_t*>(p->data())[p->bytes() - 3] ^= 0x01;
-  EXPECT_DEATH(on->net()->Backward(), "compressed data of blob 'pool1' is corrupt");
+  EXPECT_DEATH(on->net()->Backward(), "compressed data of blob 'pool1' is corrupt .*read by "
+               "layer 'conv2' \\(Convolution\\) backward, iteration 0");
 }
 
 #ifndef CPU_ONLY

@@ -1,0 +1,95 @@
+#ifndef CAFFE_COMET_LAYER_FACTS_HPP_
+#define CAFFE_COMET_LAYER_FACTS_HPP_
+
+// COMET-Caffe: what each layer class's Backward reads, in one registry (docs/comet.md#layer-facts).
+//
+// The activation store may free, mask or compress a blob only when no Backward that runs later
+// needs its exact values. Those facts belong to a C++ class, not to a type string: a cuDNN engine
+// registers the same type with a different Backward. Rows are registered per class, the way
+// REGISTER_LAYER_CLASS fills Caffe's layer registry; a class without a row reads everything (the
+// store leaves its blobs dense). test_comet_facts.cpp proves every row against the layer itself.
+
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "caffe/blob.hpp"
+#include "caffe/layer.hpp"
+
+namespace caffe {
+
+// How Backward uses the data (not the diff) of one bottom or top.
+enum CometRead {
+  COMET_READS_NOTHING = 0,  // never touched: the memory may be freed
+  COMET_READS_SIGN = 1,     // only x > 0 is asked: a bit mask restores it exactly
+  COMET_READS_VALUE = 2     // the values
+};
+
+// What the store needs to know about one layer as built (its parameters and blobs).
+struct CometLayerFacts {
+  enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE };
+  CometLayerFacts()
+      : known(false), lossy_input(false), adaptive(false), relu_from_mask(false),
+        private_buffer(NO_PRIVATE) {}
+
+  bool known;                    // false: no row for the class; it reads every bottom and top
+  std::vector<CometRead> bottom;  // Backward's use of bottom[k]'s data
+  std::vector<CometRead> top;     // Backward's use of top[k]'s data
+  // Memory the layer shares between its blobs after Forward (Split) or Backward (Flatten's diff):
+  // top k's data (diff) is bottom top_data_of[k]'s (top_diff_of[k]'s), or -1 for its own.
+  std::vector<int> top_data_of, top_diff_of;
+  // Its value reads of the bottoms (and LRN's of its top) tolerate |x - x'| <= eb; which of them
+  // are stored lossy is still the user's choice (comet.compress_type).
+  bool lossy_input;
+  // Its weight gradient is sum x (x) dy with weights of shape (outputs, ...): the adaptive bound
+  // rule of docs/comet.md applies.
+  bool adaptive;
+  // ReLU: the store may compute Backward itself from the input's sign mask, bit for bit.
+  bool relu_from_mask;
+  Private private_buffer;  // a buffer as large as an activation that the store may hold
+
+  CometRead read_bottom(int k) const { return known ? bottom[k] : COMET_READS_VALUE; }
+  CometRead read_top(int k) const { return known ? top[k] : COMET_READS_VALUE; }
+};
+
+// The blobs a layer was set up with, as far as its facts depend on them.
+struct CometLayerShape {
+  int bottoms, tops;
+  bool in_place;  // top[0] is bottom[0]
+};
+
+template <typename Dtype>
+class CometFactsRegistry {
+ public:
+  // Fills facts->bottom/top (already sized, all COMET_READS_NOTHING) and the rest.
+  typedef void (*Describe)(const Layer<Dtype>& layer, const CometLayerShape& shape,
+                           CometLayerFacts* facts);
+  static void Add(const std::type_info& cls, const std::string& type, Describe describe);
+  // The facts of this layer with these blobs; known == false when its class has no row.
+  static CometLayerFacts Of(const Layer<Dtype>& layer, const std::vector<Blob<Dtype>*>& bottom,
+                            const std::vector<Blob<Dtype>*>& top);
+  // Whether the layer's class has a row.
+  static bool Knows(const Layer<Dtype>& layer);
+  // Type strings of the classes with a row (a type may have several classes).
+  static std::vector<std::string> KnownTypes();
+};
+
+template <typename Dtype>
+class CometFactsRegisterer {
+ public:
+  CometFactsRegisterer(const std::type_info& cls, const std::string& type,
+                       typename CometFactsRegistry<Dtype>::Describe describe) {
+    CometFactsRegistry<Dtype>::Add(cls, type, describe);
+  }
+};
+
+// Registers the row `describe` (a function template over Dtype) for layer class template `cls`.
+#define REGISTER_COMET_FACTS(type, cls, describe)                                      \
+  static CometFactsRegisterer<float> g_comet_facts_f_##cls(typeid(cls<float>), type,   \
+                                                           &describe<float>);          \
+  static CometFactsRegisterer<double> g_comet_facts_d_##cls(typeid(cls<double>), type, \
+                                                            &describe<double>)
+
+}  // namespace caffe
+
+#endif  // CAFFE_COMET_LAYER_FACTS_HPP_

@@ -1,0 +1,80 @@
+#ifndef CAFFE_COMET_PLAN_HPP_
+#define CAFFE_COMET_PLAN_HPP_
+
+// COMET-Caffe: the store's plan, a pure function of a built net and the comet { } settings
+// (docs/comet.md#the-plan). It says, for every group of blobs sharing memory and every large
+// layer-private buffer, what happens to it after its last forward reader and when it is freed
+// again in backward. CometStore executes it; test_comet_plan.cpp tests it on branching nets.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "caffe/comet/layer_facts.hpp"
+#include "caffe/net.hpp"
+#include "caffe/proto/caffe.pb.h"
+
+namespace caffe {
+
+struct CometActions {
+  // LOSSY, MASK, RELEASE, KEEP: net blobs. ARGMAX, BINARY, RECOMPUTE: a layer's private buffer
+  // (max pooling's argmax and Dropout's mask as packed codes; LRN's scale freed and recomputed).
+  enum Action { KEEP = 0, RELEASE, LOSSY, MASK, ARGMAX, BINARY, RECOMPUTE };
+  static const char* ActionName(Action a);
+};
+
+struct CometPlanEntry : public CometActions {
+  CometPlanEntry()
+      : layer(-1), action(KEEP), signs(false), last_forward(-1), last_backward(-1) {}
+  std::string name;            // what the log calls it: the reading layer(s)
+  std::string blob;            // first blob name, or "<layer> argmax|mask|scale"
+  std::vector<int> blob_ids;   // empty for a layer-private buffer
+  int layer;                   // the layer owning a private buffer, else -1
+  Action action;
+  bool signs;                  // LOSSY read by ReLU too: a sign mask is stored alongside
+  int last_forward;            // compress/release after this layer's forward
+  int last_backward;           // free again after this layer's backward (-1: none)
+  std::vector<int> eb_layers;  // LOSSY: indices into the plan's bounds of the layers reading it
+};
+
+// The error bound of one layer whose input is stored lossy.
+struct CometPlanBound {
+  std::string layer;
+  int layer_id;
+  float eb;
+  bool fixed;  // set by the layer's comet_param.error_bound, or eb_mode FIXED
+  bool adapt;  // the adaptive rule applies (the layer's facts say so)
+  int follow;  // in ADAPTIVE mode, a bound without a rule of its own (LRN) follows this one
+};
+
+struct CometPlan {
+  std::vector<CometLayerFacts> facts;         // layer -> its row
+  std::vector<int> data_group, diff_group;    // blob -> memory it shares with others
+  std::vector<CometPlanEntry> entries;
+  std::vector<CometPlanBound> bounds;
+  std::vector<std::vector<int> > after_forward;     // layer -> entries
+  std::vector<std::vector<int> > after_backward;    // layer -> entries
+  std::vector<std::vector<int> > private_of_layer;  // layer -> its private-buffer entries
+  std::vector<std::vector<int> > diff_release;      // layer -> blob ids whose diff is freed after
+  std::vector<std::vector<int> > tops_written;      // layer -> blob ids its forward overwrites
+  std::vector<int> entry_of_blob;                   // blob -> entry or -1
+  std::vector<int> bound_of_layer;                  // layer -> bound or -1
+  std::vector<std::string> notes;                   // what stays dense and why, once each
+};
+
+// Pairs of blob ids found to share data (diff) memory at run time that the facts did not name;
+// they are planned as one group.
+typedef std::vector<std::pair<int, int> > CometAliases;
+
+template <typename Dtype>
+CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
+                        const CometAliases& data_aliases, const CometAliases& diff_aliases);
+
+// Human-readable plan, one line per entry, then the notes.
+template <typename Dtype>
+std::string DescribeCometPlan(const CometPlan& plan, const Net<Dtype>& net,
+                              const CometParameter& param);
+
+}  // namespace caffe
+
+#endif  // CAFFE_COMET_PLAN_HPP_

@@ -1,0 +1,308 @@
+// COMET-Caffe: the store's plan (include/caffe/comet/plan.hpp).
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "caffe/comet/plan.hpp"
+
+namespace caffe {
+
+const char* CometActions::ActionName(Action a) {
+  static const char* names[] = {"keep", "release", "lossy", "mask", "argmax", "binary", "scale"};
+  return names[a];
+}
+
+namespace {
+
+// Union-find over blob ids.
+class Groups {
+ public:
+  explicit Groups(int n) : parent_(n) {
+    for (int i = 0; i < n; ++i) parent_[i] = i;
+  }
+  int Find(int i) { return parent_[i] == i ? i : (parent_[i] = Find(parent_[i])); }
+  void Join(int a, int b) {
+    a = Find(a);
+    b = Find(b);
+    if (a != b) parent_[std::max(a, b)] = std::min(a, b);
+  }
+  // Dense group numbers 0..G-1 in blob order.
+  std::vector<int> Number(int* count) {
+    std::map<int, int> id;
+    std::vector<int> out(parent_.size());
+    for (int i = 0; i < out.size(); ++i) {
+      const int r = Find(i);
+      if (!id.count(r)) id[r] = static_cast<int>(id.size());
+      out[i] = id[r];
+    }
+    *count = id.size();
+    return out;
+  }
+
+ private:
+  std::vector<int> parent_;
+};
+
+// Blobs that share memory: what the layer facts say a layer shares (Split's tops are its bottom
+// after Forward, Flatten's diff after Backward), what is shared already (in-place layers are one
+// blob; Reshape shares at setup), and what was found sharing at run time.
+template <typename Dtype>
+std::vector<int> MemoryGroups(const Net<Dtype>& net, const std::vector<CometLayerFacts>& facts,
+                              bool diff, const CometAliases& aliases, int* count) {
+  const int B = net.blobs().size();
+  Groups g(B);
+  for (int i = 0; i < facts.size(); ++i) {
+    const std::vector<int>& of = diff ? facts[i].top_diff_of : facts[i].top_data_of;
+    for (int k = 0; k < of.size(); ++k)
+      if (of[k] >= 0) g.Join(net.top_ids(i)[k], net.bottom_ids(i)[of[k]]);
+  }
+  std::map<const SyncedMemory*, int> first;
+  for (int b = 0; b < B; ++b) {
+    const SyncedMemory* mem = (diff ? net.blobs()[b]->diff() : net.blobs()[b]->data()).get();
+    if (!mem) continue;
+    std::map<const SyncedMemory*, int>::iterator it = first.find(mem);
+    if (it == first.end()) first[mem] = b;
+    else g.Join(b, it->second);
+  }
+  for (int a = 0; a < aliases.size(); ++a) g.Join(aliases[a].first, aliases[a].second);
+  return g.Number(count);
+}
+
+}  // namespace
+
+template <typename Dtype>
+CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
+                        const CometAliases& data_aliases, const CometAliases& diff_aliases) {
+  CometPlan plan;
+  const int L = net.layers().size();
+  const int B = net.blobs().size();
+  for (int i = 0; i < L; ++i) {
+    plan.facts.push_back(CometFactsRegistry<Dtype>::Of(*net.layers()[i], net.bottom_vecs()[i],
+                                                       net.top_vecs()[i]));
+  }
+  std::set<std::string> lossy_types;
+  for (int i = 0; i < param.compress_type_size(); ++i) lossy_types.insert(param.compress_type(i));
+  if (lossy_types.empty()) {
+    lossy_types.insert("Convolution");
+    lossy_types.insert("InnerProduct");
+    lossy_types.insert("LRN");
+  }
+
+  // Blobs whose data the store never touches: what callers read or set from outside (inputs,
+  // outputs, losses whose diff holds the weight), the tops of source layers (some write them
+  // once at setup: constant DummyData, Parameter's learnable blob), and every blob of a layer
+  // whose class has no fact row (a Python layer may keep pointers into them).
+  std::vector<bool> protect(B, false);
+  for (int i = 0; i < net.input_blob_indices().size(); ++i)
+    protect[net.input_blob_indices()[i]] = true;
+  for (int i = 0; i < net.output_blob_indices().size(); ++i)
+    protect[net.output_blob_indices()[i]] = true;
+  for (int b = 0; b < B; ++b)
+    if (net.blob_loss_weights()[b] != Dtype(0)) protect[b] = true;
+  for (int i = 0; i < L; ++i) {
+    const bool source = net.bottom_ids(i).empty();
+    const bool unknown = !plan.facts[i].known;
+    if (!source && !unknown) continue;
+    for (int k = 0; k < net.top_ids(i).size(); ++k) protect[net.top_ids(i)[k]] = true;
+    if (!unknown) continue;
+    for (int k = 0; k < net.bottom_ids(i).size(); ++k) protect[net.bottom_ids(i)[k]] = true;
+    plan.notes.push_back("layer " + net.layer_names()[i] + " (" + net.layers()[i]->type() +
+                         "): no COMET fact row for its class; its blobs stay dense");
+  }
+
+  int G = 0, GD = 0;
+  plan.data_group = MemoryGroups(net, plan.facts, false, data_aliases, &G);
+  plan.diff_group = MemoryGroups(net, plan.facts, true, diff_aliases, &GD);
+  const std::vector<int>& group = plan.data_group;
+  std::vector<std::vector<int> > members(G);
+  for (int b = 0; b < B; ++b) members[group[b]].push_back(b);
+
+  std::vector<int> last_fwd(G, -1), last_bwd(G, L);
+  std::vector<bool> prot(G, false), sign_only(G, true), any_sign(G, false), lossy_ok(G, true);
+  std::vector<std::vector<int> > readers(G);
+  plan.bound_of_layer.assign(L, -1);
+  plan.tops_written.assign(L, std::vector<int>());
+  for (int b = 0; b < B; ++b) if (protect[b]) prot[group[b]] = true;
+
+  for (int i = 0; i < L; ++i) {
+    const CometLayerFacts& f = plan.facts[i];
+    const LayerParameter& lp = net.layers()[i]->layer_param();
+    const bool runs_backward = net.layer_need_backward()[i];
+    const bool layer_lossy = f.lossy_input && lossy_types.count(lp.type()) &&
+                             (!lp.has_comet_param() || lp.comet_param().compress());
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<int>& ids = side == 0 ? net.bottom_ids(i) : net.top_ids(i);
+      for (int k = 0; k < ids.size(); ++k) {
+        const int g = group[ids[k]];
+        const CometRead read = side == 0 ? f.read_bottom(k) : f.read_top(k);
+        last_fwd[g] = std::max(last_fwd[g], i);
+        if (!runs_backward || read == COMET_READS_NOTHING) continue;
+        readers[g].push_back(i);
+        last_bwd[g] = std::min(last_bwd[g], i);
+        if (read != COMET_READS_SIGN) sign_only[g] = false;
+        if (read == COMET_READS_SIGN) any_sign[g] = true;
+        if (read == COMET_READS_VALUE && !layer_lossy) lossy_ok[g] = false;
+      }
+    }
+    const std::vector<int>& tops = net.top_ids(i);
+    const std::vector<int>& bottoms = net.bottom_ids(i);
+    for (int k = 0; k < tops.size(); ++k) {
+      bool shared = false;
+      for (int j = 0; j < bottoms.size(); ++j)
+        if (group[bottoms[j]] == group[tops[k]]) shared = true;
+      if (!shared) plan.tops_written[i].push_back(tops[k]);
+    }
+  }
+
+  plan.after_forward.assign(L, std::vector<int>());
+  plan.after_backward.assign(L, std::vector<int>());
+  plan.entry_of_blob.assign(B, -1);
+  for (int g = 0; g < G; ++g) {
+    if (prot[g] || last_fwd[g] < 0) continue;
+    CometPlanEntry e;
+    e.blob = net.blob_names()[members[g][0]];
+    e.blob_ids = members[g];
+    e.last_forward = last_fwd[g];
+    e.last_backward = readers[g].empty() ? -1 : last_bwd[g];
+    if (readers[g].empty()) {
+      if (!param.release_unused()) continue;
+      e.action = CometActions::RELEASE;
+      e.name = e.blob;
+    } else if (sign_only[g]) {
+      if (!param.relu_masks()) continue;
+      e.action = CometActions::MASK;
+      e.name = net.layer_names()[readers[g][0]];
+    } else if (lossy_ok[g]) {
+      e.action = CometActions::LOSSY;
+      e.signs = any_sign[g];
+      std::set<int> seen;
+      for (int r = 0; r < readers[g].size(); ++r) {
+        const int i = readers[g][r];
+        if (!seen.insert(i).second || plan.facts[i].relu_from_mask) continue;  // sign mask
+        if (!e.name.empty()) e.name += "+";
+        e.name += net.layer_names()[i];
+        if (plan.bound_of_layer[i] < 0) {
+          const LayerParameter& lp = net.layers()[i]->layer_param();
+          const bool own = lp.has_comet_param() && lp.comet_param().has_error_bound();
+          CometPlanBound bd;
+          bd.layer = lp.name();
+          bd.layer_id = i;
+          bd.fixed = own || param.eb_mode() == CometParameter_ErrorBoundMode_FIXED;
+          bd.eb = own ? lp.comet_param().error_bound() : param.error_bound();
+          CHECK_GT(bd.eb, 0) << "comet_param.error_bound of " << lp.name() << " must be > 0";
+          bd.adapt = !bd.fixed && plan.facts[i].adaptive;
+          bd.follow = -1;
+          plan.bound_of_layer[i] = plan.bounds.size();
+          plan.bounds.push_back(bd);
+        }
+        e.eb_layers.push_back(plan.bound_of_layer[i]);
+      }
+    } else {
+      continue;  // KEEP: some reader needs it exactly
+    }
+    for (int k = 0; k < e.blob_ids.size(); ++k) plan.entry_of_blob[e.blob_ids[k]] = plan.entries.size();
+    plan.after_forward[e.last_forward].push_back(plan.entries.size());
+    if (e.last_backward >= 0) plan.after_backward[e.last_backward].push_back(plan.entries.size());
+    plan.entries.push_back(e);
+  }
+  // A bound without a rule of its own (LRN: no weights to estimate from) follows, in ADAPTIVE
+  // mode, the adaptive bound of a layer that reads the same stored blob (norm1 -> conv2).
+  for (int e = 0; e < plan.entries.size(); ++e) {
+    const std::vector<int>& ls = plan.entries[e].eb_layers;
+    int adaptive = -1;
+    for (int k = 0; k < ls.size(); ++k) if (plan.bounds[ls[k]].adapt) adaptive = ls[k];
+    for (int k = 0; k < ls.size() && adaptive >= 0; ++k) {
+      CometPlanBound& bd = plan.bounds[ls[k]];
+      if (!bd.adapt && !bd.fixed && bd.follow < 0) bd.follow = adaptive;
+    }
+  }
+
+  // Layer-private buffers that only the layer's own backward reads.
+  plan.private_of_layer.assign(L, std::vector<int>());
+  for (int i = 0; i < L && param.layer_buffers(); ++i) {
+    if (!net.layer_need_backward()[i]) continue;
+    CometPlanEntry e;
+    e.layer = i;
+    e.name = net.layer_names()[i];
+    switch (plan.facts[i].private_buffer) {
+      case CometLayerFacts::MAX_ARGMAX: e.action = CometActions::ARGMAX; e.blob = e.name + " argmax"; break;
+      case CometLayerFacts::DROPOUT_MASK: e.action = CometActions::BINARY; e.blob = e.name + " mask"; break;
+      case CometLayerFacts::LRN_SCALE: e.action = CometActions::RECOMPUTE; e.blob = e.name + " scale"; break;
+      default: continue;
+    }
+    e.last_forward = e.last_backward = i;
+    plan.private_of_layer[i].push_back(plan.entries.size());
+    plan.after_forward[i].push_back(plan.entries.size());
+    plan.after_backward[i].push_back(plan.entries.size());
+    plan.entries.push_back(e);
+  }
+
+  // Activation diffs: freed after the last layer whose backward touches them. Only diffs that a
+  // backward writes: one nobody writes (a Split top feeding Accuracy) holds zeros that the next
+  // step reads again, and freeing it would lose them.
+  plan.diff_release.assign(L, std::vector<int>());
+  if (param.release_diffs()) {
+    std::vector<bool> dprot(GD, false), written(GD, false);
+    std::vector<int> last_use(GD, L);
+    for (int b = 0; b < B; ++b) if (protect[b]) dprot[plan.diff_group[b]] = true;
+    for (int i = 0; i < L; ++i) {
+      if (!net.layer_need_backward()[i]) continue;
+      for (int k = 0; k < net.bottom_ids(i).size(); ++k)
+        if (net.bottom_need_backward()[i][k]) written[plan.diff_group[net.bottom_ids(i)[k]]] = true;
+      for (int side = 0; side < 2; ++side) {
+        const std::vector<int>& ids = side == 0 ? net.bottom_ids(i) : net.top_ids(i);
+        for (int k = 0; k < ids.size(); ++k) {
+          const int d = plan.diff_group[ids[k]];
+          last_use[d] = std::min(last_use[d], i);
+        }
+      }
+    }
+    std::set<int> done;
+    for (int b = 0; b < B; ++b) {
+      const int d = plan.diff_group[b];
+      if (dprot[d] || !written[d] || last_use[d] >= L || !done.insert(d).second) continue;
+      plan.diff_release[last_use[d]].push_back(b);
+    }
+  }
+  return plan;
+}
+
+template <typename Dtype>
+std::string DescribeCometPlan(const CometPlan& plan, const Net<Dtype>& net,
+                              const CometParameter& param) {
+  std::ostringstream os;
+  for (int e = 0; e < plan.entries.size(); ++e) {
+    const CometPlanEntry& en = plan.entries[e];
+    os << "COMET plan: blob " << en.blob << " -> ";
+    if (en.action == CometActions::RECOMPUTE && !param.recompute_lrn()) {
+      os << "freed after " << en.name << " backward";
+    } else if (en.action == CometActions::RECOMPUTE) {
+      os << "freed after " << en.name << " forward, recomputed before its backward";
+    } else {
+      os << CometActions::ActionName(en.action) << " after "
+         << net.layer_names()[en.last_forward] << " forward";
+    }
+    if (en.action == CometActions::LOSSY || en.action == CometActions::MASK)
+      os << ", for " << en.name << " backward";
+    if (en.signs) os << " (+ sign mask)";
+    os << "\n";
+  }
+  for (int n = 0; n < plan.notes.size(); ++n) os << "COMET plan: " << plan.notes[n] << "\n";
+  std::string s = os.str();
+  if (!s.empty()) s.erase(s.size() - 1);
+  return s;
+}
+
+template CometPlan MakeCometPlan<float>(const Net<float>&, const CometParameter&,
+                                        const CometAliases&, const CometAliases&);
+template CometPlan MakeCometPlan<double>(const Net<double>&, const CometParameter&,
+                                         const CometAliases&, const CometAliases&);
+template std::string DescribeCometPlan<float>(const CometPlan&, const Net<float>&,
+                                              const CometParameter&);
+template std::string DescribeCometPlan<double>(const CometPlan&, const Net<double>&,
+                                               const CometParameter&);
+
+}  // namespace caffe

@@ -1,0 +1,240 @@
+// COMET-Caffe: the plan as a pure function of a built net (comet/plan.cpp), on branching nets:
+// Split, Slice, Concat, Eltwise shortcuts, BatchNorm/Scale in place, labels read by losses.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+
+#include "caffe/comet/plan.hpp"
+#include "caffe/common.hpp"
+#include "caffe/net.hpp"
+
+#include "caffe/test/test_caffe_main.hpp"
+
+namespace caffe {
+
+namespace {
+
+const char* kFill = " weight_filler { type: 'gaussian' std: 0.1 } ";
+
+class CometPlanTest : public ::testing::Test {
+ protected:
+  virtual void SetUp() { Caffe::set_mode(Caffe::CPU); }
+
+  void Build(const std::string& layers, const std::string& comet = "") {
+    NetParameter np;
+    CHECK(google::protobuf::TextFormat::ParseFromString("name: 'plan' " + layers, &np));
+    np.mutable_state()->set_phase(TRAIN);
+    net_.reset(new Net<float>(np));
+    CHECK(google::protobuf::TextFormat::ParseFromString(comet, &param_));
+    Plan();
+  }
+  void Plan(const CometAliases& data = CometAliases()) {
+    plan_ = MakeCometPlan(*net_, param_, data, CometAliases());
+  }
+  int Blob(const std::string& name) const {
+    for (int b = 0; b < net_->blob_names().size(); ++b)
+      if (net_->blob_names()[b] == name) return b;
+    ADD_FAILURE() << "no blob " << name;
+    return 0;
+  }
+  int Layer(const std::string& name) const {
+    for (int i = 0; i < net_->layer_names().size(); ++i)
+      if (net_->layer_names()[i] == name) return i;
+    ADD_FAILURE() << "no layer " << name;
+    return 0;
+  }
+  // The entry storing a blob, or NULL when it stays dense.
+  const CometPlanEntry* EntryOf(const std::string& blob) const {
+    const int e = plan_.entry_of_blob[Blob(blob)];
+    return e < 0 ? NULL : &plan_.entries[e];
+  }
+  CometActions::Action ActionOf(const std::string& blob) const {
+    const CometPlanEntry* e = EntryOf(blob);
+    return e ? e->action : CometActions::KEEP;
+  }
+
+  shared_ptr<Net<float> > net_;
+  CometParameter param_;
+  CometPlan plan_;
+};
+
+std::string Dummy(const std::string& shape, const std::string& label_shape) {
+  return "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' dummy_data_param { "
+         "shape { " + shape + " } shape { " + label_shape + " } "
+         "data_filler { type: 'gaussian' } data_filler { type: 'constant' value: 1 } } } ";
+}
+
+std::string Conv(const std::string& name, const std::string& bottom, int out, int k = 3) {
+  std::ostringstream os;
+  os << "layer { name: '" << name << "' type: 'Convolution' bottom: '" << bottom << "' top: '"
+     << name << "' convolution_param { num_output: " << out << " kernel_size: " << k
+     << " pad: " << k / 2 << kFill << "} } ";
+  return os.str();
+}
+
+std::string InPlace(const std::string& name, const std::string& type, const std::string& blob,
+                    const std::string& extra = "") {
+  return "layer { name: '" + name + "' type: '" + type + "' bottom: '" + blob + "' top: '" + blob +
+         "' " + extra + " } ";
+}
+
+}  // namespace
+
+// A branch through Split: the split's tops are the bottom's memory, so the group lives until
+// the last branch has read it in forward, and is stored for the branch convolutions' backward.
+TEST_F(CometPlanTest, SplitBranchesAreOneGroupStoredAfterTheLastBranch) {
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+        InPlace("relu1", "ReLU", "conv1") + Conv("a", "conv1", 4) + Conv("b", "conv1", 4) +
+        "layer { name: 'cat' type: 'Concat' bottom: 'a' bottom: 'b' top: 'cat' } "
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'cat' top: 'ip' inner_product_param { "
+        "num_output: 3" + kFill + "} } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ");
+  const CometPlanEntry* e = EntryOf("conv1");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->action, CometActions::LOSSY);
+  EXPECT_TRUE(e->signs);  // relu1 reads its sign
+  EXPECT_EQ(e->blob_ids.size(), 3u) << "conv1 and the two split tops";
+  EXPECT_EQ(e->last_forward, Layer("b"));
+  EXPECT_EQ(plan_.entry_of_blob[Blob("conv1_relu1_0_split_1")], plan_.entry_of_blob[Blob("conv1")]);
+  EXPECT_EQ(e->last_backward, Layer("relu1"));  // the sign read comes last in backward
+  // Concat's inputs are read by nobody in backward; its output is read by ip (lossy).
+  EXPECT_EQ(ActionOf("a"), CometActions::RELEASE);
+  EXPECT_EQ(ActionOf("cat"), CometActions::LOSSY);
+  // data and label are a source's tops, the loss an output: never touched
+  EXPECT_EQ(ActionOf("data"), CometActions::KEEP);
+  EXPECT_EQ(ActionOf("label"), CometActions::KEEP);
+  EXPECT_EQ(ActionOf("loss"), CometActions::KEEP);
+}
+
+// A label that reaches the loss through Slice is read by the loss's backward: it stays, exactly.
+TEST_F(CometPlanTest, ALabelThroughSliceStaysForTheLossBackward) {
+  Build("layer { name: 'data' type: 'DummyData' top: 'pair' dummy_data_param { "
+        "shape { dim: 4 dim: 4 } data_filler { type: 'uniform' min: 0 max: 2 } } } "
+        "layer { name: 'slice' type: 'Slice' bottom: 'pair' top: 'x' top: 'label' "
+        "  slice_param { axis: 1 slice_point: 3 } } "
+        "layer { name: 'flat' type: 'Flatten' bottom: 'label' top: 'flat' } "
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'x' top: 'ip' inner_product_param { "
+        "num_output: 2" + std::string(kFill) + "} } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'flat' top: 'loss' } "
+        "layer { name: 'acc' type: 'Accuracy' bottom: 'ip' bottom: 'flat' top: 'acc' } ");
+  EXPECT_EQ(ActionOf("flat"), CometActions::KEEP);
+  EXPECT_EQ(ActionOf("label"), CometActions::KEEP) << "Flatten's top is the label's memory";
+  EXPECT_EQ(plan_.data_group[Blob("flat")], plan_.data_group[Blob("label")]);
+  EXPECT_EQ(plan_.diff_group[Blob("flat")], plan_.diff_group[Blob("label")]);
+  // x is read by ip's backward: lossy; ip's output by nothing (the loss keeps its softmax)
+  EXPECT_EQ(ActionOf("x"), CometActions::LOSSY);
+}
+
+// Power with an exponent other than 1 and 2 reads its output in backward.
+TEST_F(CometPlanTest, PowerKeepsTheOutputItsBackwardReads) {
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+        "layer { name: 'pow' type: 'Power' bottom: 'conv1' top: 'pow' power_param { power: 3 } } "
+        "layer { name: 'pool' type: 'Pooling' bottom: 'pow' top: 'pool' pooling_param { "
+        "pool: MAX kernel_size: 2 stride: 2 } } "
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
+        "num_output: 3" + kFill + "} } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ");
+  EXPECT_EQ(ActionOf("pow"), CometActions::KEEP);
+  EXPECT_EQ(ActionOf("conv1"), CometActions::KEEP) << "Power's input is read exactly too";
+}
+
+// A residual block: Convolution, BatchNorm, Scale and ReLU in place on one blob, a shortcut
+// through Split, Eltwise SUM, ReLU in place, global average pooling.
+TEST_F(CometPlanTest, AResidualBlockMasksAndCompressesWhatItCan) {
+  Build(Dummy("dim: 2 dim: 4 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+        InPlace("bn1", "BatchNorm", "conv1") +
+        InPlace("sc1", "Scale", "conv1", "scale_param { bias_term: true }") +
+        InPlace("relu1", "ReLU", "conv1") + Conv("conv2", "conv1", 4) +
+        InPlace("bn2", "BatchNorm", "conv2") +
+        InPlace("sc2", "Scale", "conv2", "scale_param { bias_term: true }") +
+        "layer { name: 'sum' type: 'Eltwise' bottom: 'conv1' bottom: 'conv2' top: 'sum' } " +
+        InPlace("relu2", "ReLU", "sum") +
+        "layer { name: 'gap' type: 'Pooling' bottom: 'sum' top: 'gap' pooling_param { pool: AVE "
+        "global_pooling: true } } "
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'gap' top: 'ip' inner_product_param { "
+        "num_output: 3" + kFill + "} } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } "
+        "layer { name: 'acc' type: 'Accuracy' bottom: 'ip' bottom: 'label' top: 'acc' } ");
+  // conv1's blob: read by conv2 (values, lossy) and relu1 (sign); BatchNorm and Scale in place
+  // read their own copies, the shortcut (Eltwise SUM) reads nothing.
+  EXPECT_EQ(ActionOf("conv1"), CometActions::LOSSY);
+  EXPECT_TRUE(EntryOf("conv1")->signs);
+  // conv2's blob: read by nothing in backward (BatchNorm/Scale in place, Eltwise SUM)
+  EXPECT_EQ(ActionOf("conv2"), CometActions::RELEASE);
+  // the block's output: only relu2 reads it, by sign
+  EXPECT_EQ(ActionOf("sum"), CometActions::MASK);
+  EXPECT_EQ(ActionOf("gap"), CometActions::LOSSY);
+  EXPECT_EQ(plan_.bounds.size(), 2u);  // conv2 and ip (conv1 reads a source's top)
+}
+
+// A layer class without a fact row keeps its blobs dense, and the plan says so.
+TEST_F(CometPlanTest, ALayerWithoutARowKeepsItsBlobsDense) {
+  Build("layer { name: 'data' type: 'DummyData' top: 'c' top: 'x' top: 'cont' top: 'label' "
+        "dummy_data_param { shape { dim: 1 dim: 2 dim: 3 } shape { dim: 1 dim: 2 dim: 12 } "
+        "shape { dim: 1 dim: 2 } shape { dim: 2 } data_filler { type: 'gaussian' } "
+        "data_filler { type: 'gaussian' } data_filler { type: 'constant' value: 1 } "
+        "data_filler { type: 'constant' value: 0 } } } "
+        "layer { name: 'xin' type: 'InnerProduct' bottom: 'x' top: 'xin' inner_product_param { "
+        "num_output: 12 axis: 2" + std::string(kFill) + "} } "
+        "layer { name: 'unit' type: 'LSTMUnit' bottom: 'c' bottom: 'xin' bottom: 'cont' top: 'c1' "
+        "top: 'h1' } "
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'h1' top: 'ip' inner_product_param { "
+        "num_output: 3 axis: 2" + kFill + "} } "
+        "layer { name: 'silence' type: 'Silence' bottom: 'c1' } "
+        "layer { name: 'flat' type: 'Reshape' bottom: 'ip' top: 'logits' reshape_param { "
+        "shape { dim: 2 dim: 3 } } } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'logits' bottom: 'label' "
+        "top: 'loss' } ");
+  EXPECT_FALSE(plan_.facts[Layer("unit")].known);
+  EXPECT_EQ(ActionOf("xin"), CometActions::KEEP);
+  EXPECT_EQ(ActionOf("h1"), CometActions::KEEP);
+  EXPECT_EQ(ActionOf("c1"), CometActions::KEEP);
+  ASSERT_EQ(plan_.notes.size(), 1u);
+  EXPECT_NE(plan_.notes[0].find("layer unit (LSTMUnit)"), std::string::npos) << plan_.notes[0];
+  // Reshape's top is ip's memory at setup already, and its diff too
+  EXPECT_EQ(plan_.data_group[Blob("logits")], plan_.data_group[Blob("ip")]);
+}
+
+// Sharing found at run time joins two groups: neither is freed while the other is needed.
+TEST_F(CometPlanTest, AnAliasFoundAtRunTimeJoinsTheGroups) {
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+        Conv("conv2", "conv1", 4) +
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv2' top: 'ip' inner_product_param { "
+        "num_output: 3" + kFill + "} } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ");
+  EXPECT_NE(plan_.data_group[Blob("conv1")], plan_.data_group[Blob("ip")]);
+  EXPECT_EQ(ActionOf("ip"), CometActions::RELEASE);
+  Plan(CometAliases(1, std::make_pair(Blob("conv1"), Blob("ip"))));
+  EXPECT_EQ(plan_.data_group[Blob("conv1")], plan_.data_group[Blob("ip")]);
+  const CometPlanEntry* e = EntryOf("ip");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e, EntryOf("conv1"));
+  EXPECT_EQ(e->last_forward, Layer("loss")) << "freed only after its last reader in either role";
+  EXPECT_EQ(e->action, CometActions::LOSSY);
+}
+
+// A diff nobody writes (the Split top that feeds Accuracy) is never freed: the Split's backward
+// reads its zeros every step.
+TEST_F(CometPlanTest, DiffsNobodyWritesAreNotFreed) {
+  Build(Dummy("dim: 2 dim: 3 dim: 4 dim: 4", "dim: 2") + Conv("conv1", "data", 4) +
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv1' top: 'ip' inner_product_param { "
+        "num_output: 3" + kFill + "} } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } "
+        "layer { name: 'acc' type: 'Accuracy' bottom: 'ip' bottom: 'label' top: 'acc' } ");
+  std::vector<int> freed;
+  for (int i = 0; i < plan_.diff_release.size(); ++i)
+    freed.insert(freed.end(), plan_.diff_release[i].begin(), plan_.diff_release[i].end());
+  bool acc_split = false, conv1 = false;
+  for (int k = 0; k < freed.size(); ++k) {
+    const std::string& n = net_->blob_names()[freed[k]];
+    if (n == "ip_ip_0_split_1") acc_split = true;
+    if (n == "conv1") conv1 = true;
+  }
+  EXPECT_FALSE(acc_split) << "the diff feeding Accuracy holds zeros the Split reads";
+  EXPECT_TRUE(conv1) << "conv1's diff is written by ip's backward and freed after conv1's";
+}
+
+}  // namespace caffe
