@@ -1,7 +1,7 @@
 // fuzz_driver.cpp - deterministic mutation fuzzer for compilers without libFuzzer (g++).
 // usage: fuzz_driver SECONDS CORPUS_DIR   -- mutates the corpus files with a fixed-seed RNG
-// (bit flips, byte writes, truncation, insertion, splicing, length-field edits) and calls
-// LLVMFuzzerTestOneInput until the time is up. Build with ASan/UBSan.
+// (bit flips, byte writes, truncation, insertion, splicing, length-field edits, mode-byte
+// edits) and calls LLVMFuzzerTestOneInput until the time is up. Build with ASan/UBSan.
 #include <dirent.h>
 #include <chrono>
 #include <cstdint>
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
       for (int m = 0; m < nmut; ++m) {
         if (b.empty()) b.push_back(0);
         size_t pos = g() % b.size();
-        switch (g() % 7) {
+        switch (g() % 8) {
           case 0: b[pos] ^= (uint8_t)(1u << (g() % 8)); break;
           case 1: b[pos] = (uint8_t)g(); break;
           case 2: b.resize(g() % (b.size() + 1)); break;
@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
             if (off + 8 <= b.size()) for (int k = 0; k < 8; ++k) b[off + k] = (uint8_t)(g() >> (8 * (g() % 2)));
             break;
           }
+          case 6: b[0] ^= 2; break;   // toggle the target's prefix-read mode
           default: b[0] |= 1; break;  // ask the target to fix checksums
         }
       }

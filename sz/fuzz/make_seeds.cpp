@@ -1,4 +1,5 @@
 // make_seeds.cpp - writes valid streams (prefixed with the fuzz mode byte) as a seed corpus.
+// Mode bits as in fuzz_decode.cpp: 1 = fix checksums, 2 = prefix read.
 #include "sz/sz.h"
 #include <cmath>
 #include <cstdio>
@@ -25,12 +26,15 @@ int main(int argc, char** argv) {
       p.lossless = lossless;
       size_t size = 0;
       if (sz_compress_host_ex(x.data(), dims, 2, &p, out.data() + 1, out.size() - 1, &size) != SZ_OK) return 1;
-      for (int fix : {0, 1}) {
-        out[0] = (unsigned char)fix;
+      // modes 0..3: checksum fixing (bit 0) x prefix read (bit 1); prefix seeds carry the
+      // stream twice, so the read stops before the second copy
+      for (int mode : {0, 1, 2, 3}) {
+        out[0] = (unsigned char)mode;
         std::string path = dir + "/seed" + std::to_string(k++);
         FILE* f = fopen(path.c_str(), "wb");
         if (!f) return 1;
         fwrite(out.data(), 1, size + 1, f);
+        if (mode & 2) fwrite(out.data() + 1, 1, size, f);
         fclose(f);
       }
     }

@@ -252,14 +252,15 @@ __device__ __forceinline__ uint32_t desc_of(const uint8_t* flags, uint64_t fb, c
 __global__ void k_desc_sizes(const uint8_t* flags, uint64_t fb, const uint8_t* descs, uint64_t nzb,
                              uint64_t n, const unsigned long long* wcnt,
                              const unsigned long long* wrank, unsigned long long* sizes,
-                             DevState* st) {
+                             bool all_raw, DevState* st) {
   const uint64_t nb = div_up(n, kBlock), nw = div_up(nb, 32);
   const uint64_t b = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
   if (b >= nb) return;
   if (b == 0 && wrank[nw - 1] + wcnt[nw - 1] != nzb) st->error = 1;
   uint32_t d = desc_of(flags, fb, descs, nzb, wrank, b);
   uint32_t s = d > 0xFFFFu ? kBadSize : block_data_size((uint16_t)d, block_len(b, n));
-  if (s == kBadSize) { st->error = 1; s = 0; }
+  // all_raw: the bound admits no quantization step, so the encoder stored every block verbatim
+  if (s == kBadSize || (all_raw && d != kDescRaw)) { st->error = 1; s = 0; }
   sizes[b] = s;
 }
 
@@ -377,6 +378,7 @@ int sz_compress_device(const float* d_in, const size_t* dims, int ndims, double 
 
 int sz_decompress_device(const void* d_in, size_t in_size, float* d_out, size_t out_elems,
                          void* d_scratch, size_t scratch_size, void* stream_v) {
+  if (in_size == 0) return SZ_ERR_EMPTY;
   if (!d_in) return SZ_ERR_PARAM;
   cudaStream_t s = (cudaStream_t)stream_v;
   uint8_t hb[kHeaderSize];
@@ -386,8 +388,9 @@ int sz_decompress_device(const void* d_in, size_t in_size, float* d_out, size_t 
     SZ_CU(cudaStreamSynchronize(s));
   }
   Header h;
-  int st = parse_header(hb, in_size, &h);
+  int st = parse_header(hb, in_size, &h);  // bound, lengths, dims: as on the host
   if (st) return st;
+  if (in_size - kHeaderSize != h.payload_len) return SZ_ERR_TRAILING;
   if (h.lossless != 0) return SZ_ERR_UNSUPPORTED;
   const uint64_t n = h.n(), nb = h.nblocks(), nw = div_up(nb, 32), fb = flag_bytes(nb);
   const uint64_t W = n ? h.inner() : 1;
@@ -408,7 +411,7 @@ int sz_decompress_device(const void* d_in, size_t in_size, float* d_out, size_t 
     size_t tb = sc.cub_bytes;
     SZ_CU(cub::DeviceScan::ExclusiveSum(sc.cub_tmp, tb, sc.wcnt, sc.wrank, (int64_t)nw, s));
     k_desc_sizes<<<grid_for(nb, 256), 256, 0, s>>>(flags, fb, descs, h.nzb, n, sc.wcnt, sc.wrank,
-                                                   sc.sizes, sc.st);
+                                                   sc.sizes, eb_all_raw(h.eb_abs), sc.st);
     tb = sc.cub_bytes;
     SZ_CU(cub::DeviceScan::ExclusiveSum(sc.cub_tmp, tb, sc.sizes, sc.offs, (int64_t)nb, s));
     float two_eb = make_quant_params(h.eb_abs).two_eb;

@@ -20,6 +20,8 @@
 //  80     8   number of nonzero blocks (blocks whose descriptor is not the zero block)
 //  88     8   checksum of the stored payload
 //  96     8   checksum of header bytes 0..95
+// parse_header also checks the stored bound against the stored mode and requested bound
+// (eb_abs_consistent), and that a bound with no usable step goes with all-verbatim blocks.
 // Payload (lossless none): block flags (1 bit per block, LSB first, set = not a zero block,
 // ceil(nblocks/8) bytes), a u16 descriptor per flagged block, then the flagged blocks' data in
 // block order. A zero block costs one bit.
@@ -28,6 +30,7 @@
 #pragma once
 #include "common.h"
 #include "checksum.h"
+#include "quantizer.h"
 #include "sz/sz.h"
 
 namespace szi {
@@ -65,6 +68,21 @@ SZ_HD uint64_t raw_len_bound(uint64_t n) {
   uint64_t nb = div_up(n, kBlock);
   return flag_bytes(nb) + 2 * nb + 4 * n;
 }
+
+// The stored absolute bound against what the encoder derives from the stored mode and
+// requested bound (eb_req > 0 and finite, eb_abs >= 0 and finite, checked by the caller).
+// Absolute mode: exactly eb_to_float(eb_req), on both backends. Relative mode: the header
+// does not hold the value range, so only the interval any float tensor can give is checked:
+// eb_to_float(eb_req * r) with r the finite range (vmax - vmin), the magnitude of a constant
+// tensor, or 1 (no finite nonzero value), and every such r lies in [2^-149, 2^129).
+SZ_HD bool eb_abs_consistent(uint8_t mode, double eb_req, float eb_abs) {
+  if (mode == SZ_EB_ABS) return eb_abs == eb_to_float(eb_req);
+  return eb_abs >= eb_to_float(eb_req * 0x1p-149) && eb_abs <= eb_to_float(eb_req * 0x1p129);
+}
+
+// True when the bound admits no quantization step (0, or so small that 1/(2 eb) overflows):
+// then the encoder stores every block verbatim, and the decoder accepts nothing else.
+SZ_HD bool eb_all_raw(float eb_abs) { return !(make_quant_params(eb_abs).inv_two_eb < INFINITY); }
 
 SZ_HD void write_header(uint8_t* p, const Header& h) {
   for (uint32_t i = 0; i < kHeaderSize; ++i) p[i] = 0;
@@ -126,9 +144,13 @@ SZ_HD int parse_header(const uint8_t* p, uint64_t avail, Header* h) {
   h->nzb = load_u64le(p + 80);
   if (!(h->eb_req > 0.0) || !(h->eb_req < INFINITY)) return SZ_ERR_CORRUPT;
   if (!(h->eb_abs >= 0.0f) || !(h->eb_abs < INFINITY)) return SZ_ERR_CORRUPT;
+  if (!eb_abs_consistent(h->mode, h->eb_req, h->eb_abs)) return SZ_ERR_CORRUPT;
   uint64_t nb = div_up(n, kBlock);
   if (h->nzb > nb) return SZ_ERR_CORRUPT;
   if (h->raw_len < flag_bytes(nb) + 2 * h->nzb || h->raw_len > raw_len_bound(n)) return SZ_ERR_CORRUPT;
+  // no usable step: every block verbatim (the decoders also check each descriptor)
+  if (eb_all_raw(h->eb_abs) && (h->nzb != nb || h->raw_len != raw_len_bound(n)))
+    return SZ_ERR_CORRUPT;
   if (h->lossless == 0) {
     if (h->payload_len != h->raw_len || h->chunk != 0) return SZ_ERR_CORRUPT;
   } else {

@@ -167,6 +167,8 @@ const char* sz_strerror(int status) {
     case SZ_ERR_NOMEM: return "out of host memory";
     case SZ_ERR_CUDA: return "CUDA error or library built without CUDA";
     case SZ_ERR_SCRATCH: return "device scratch buffer too small";
+    case SZ_ERR_TRAILING: return "trailing bytes after the end of the stream";
+    case SZ_ERR_EMPTY: return "empty input (0 bytes)";
     default: return "unknown sz status";
   }
 }
@@ -330,28 +332,37 @@ static int header_info(const uint8_t* in, uint64_t avail, sz_header_info* info) 
 }
 
 int sz_read_header(const void* in, size_t in_size, sz_header_info* info) {
+  if (in_size == 0) return SZ_ERR_EMPTY;
   if (!in || !info) return SZ_ERR_PARAM;
-  return header_info((const uint8_t*)in, in_size, info);
+  int st = header_info((const uint8_t*)in, in_size, info);
+  if (st) return st;
+  return info->stream_size == in_size ? SZ_OK : SZ_ERR_TRAILING;
 }
 
 int sz_peek_header(const void* header, size_t header_size, sz_header_info* info) {
+  if (header_size == 0) return SZ_ERR_EMPTY;
   if (!header || !info) return SZ_ERR_PARAM;
   if (header_size < kHeaderSize) return header_info((const uint8_t*)header, header_size, info);
   // parse_header reads only the first kHeaderSize bytes; an unbounded size skips the length check
   return header_info((const uint8_t*)header, ~(uint64_t)0, info);
 }
 
-int sz_decompress_host(const void* in, size_t in_size, float* out, size_t out_elems) {
-  return sz_decompress_host_ex(in, in_size, out, out_elems, 0);
-}
+}  // extern "C"
 
-int sz_decompress_host_ex(const void* in_v, size_t in_size, float* out, size_t out_elems,
-                          int nthreads) {
+namespace {
+
+// The host decoder. prefix: the stream may be followed by other bytes (else they are an
+// error); *consumed (may be null) gets the stream's size once the header is valid.
+int decode_host(const void* in_v, size_t in_size, float* out, size_t out_elems, int nthreads,
+                bool prefix, size_t* consumed) {
+  if (in_size == 0) return SZ_ERR_EMPTY;
   if (!in_v) return SZ_ERR_PARAM;
   const uint8_t* in = (const uint8_t*)in_v;
   Header h;
   int st = parse_header(in, in_size, &h);
   if (st) return st;
+  if (!prefix && in_size - kHeaderSize != h.payload_len) return SZ_ERR_TRAILING;
+  if (consumed) *consumed = (size_t)(kHeaderSize + h.payload_len);
   const uint64_t n = h.n(), nb = h.nblocks(), W = n ? h.inner() : 1;
   if (out_elems < n) return SZ_ERR_BUFFER;
   if (n && !out) return SZ_ERR_PARAM;
@@ -374,6 +385,7 @@ int sz_decompress_host_ex(const void* in_v, size_t in_size, float* out, size_t o
   const uint8_t* data = descs + 2 * h.nzb;  // parse_header checked raw_len >= fb + 2 nzb
   const uint64_t data_len = h.raw_len - fb - 2 * h.nzb;
   const float two_eb = make_quant_params(h.eb_abs).two_eb;
+  const bool all_raw = eb_all_raw(h.eb_abs);  // no step: a legitimate stream has raw blocks only
   // flags: no bits past the last block, and exactly nzb set; rank of each worker's first block
   if (nb % 8 && (flags[fb - 1] >> (nb % 8)) != 0) return SZ_ERR_CORRUPT;
   std::vector<uint64_t> rank((size_t)T + 1, 0);
@@ -401,7 +413,10 @@ int sz_decompress_host_ex(const void* in_v, size_t in_size, float* out, size_t o
       const bool flagged = (flags[b >> 3] >> (b & 7)) & 1u;
       uint16_t d = next_desc(flags, descs, b, &r);
       uint32_t s = block_data_size(d, L);
-      if (s == kBadSize || (flagged && d == kDescZero)) { err = SZ_ERR_CORRUPT; return; }
+      if (s == kBadSize || (flagged && d == kDescZero) || (all_raw && d != kDescRaw)) {
+        err = SZ_ERR_CORRUPT;
+        return;
+      }
       sum += s;
     }
     tsize[t + 1] = sum;
@@ -417,6 +432,28 @@ int sz_decompress_host_ex(const void* in_v, size_t in_size, float* out, size_t o
       err = SZ_ERR_CORRUPT;
   });
   return err;
+}
+
+}  // namespace
+
+extern "C" {
+
+int sz_decompress_host(const void* in, size_t in_size, float* out, size_t out_elems) {
+  return decode_host(in, in_size, out, out_elems, 0, false, nullptr);
+}
+
+int sz_decompress_host_ex(const void* in, size_t in_size, float* out, size_t out_elems,
+                          int nthreads) {
+  return decode_host(in, in_size, out, out_elems, nthreads, false, nullptr);
+}
+
+int sz_decompress_host_prefix(const void* in, size_t in_size, float* out, size_t out_elems,
+                              int nthreads, size_t* consumed) {
+  if (!consumed) return SZ_ERR_PARAM;
+  size_t used = 0;
+  int st = decode_host(in, in_size, out, out_elems, nthreads, true, &used);
+  *consumed = st == SZ_OK ? used : 0;
+  return st;
 }
 
 }  // extern "C"

@@ -2,6 +2,7 @@
 // cross decoding bit for bit, corrupt-stream rejection, and a 1 GiB throughput report.
 // Compiled whenever SZ_CUDA is on; every test skips with a message when no device exists.
 #include "test_util.h"
+#include "forge.h"
 #include <cuda_runtime.h>
 #include <chrono>
 
@@ -130,6 +131,34 @@ TEST(Device, CorruptAndForeignRejected) {
   EXPECT_EQ(gpu_decompress(z.bytes, y), SZ_ERR_UNSUPPORTED);
   std::vector<float> small(10);
   EXPECT_EQ(gpu_decompress(s.bytes, small), SZ_ERR_BUFFER);
+}
+
+// The device decoder's host-side checks match the host decoder's: forged bounds, trailing
+// bytes, empty input, a coded block in a stream whose bound admits none.
+TEST(Device, StrictStreams) {
+  REQUIRE_GPU();
+  std::vector<float> x = relu_sparse(4000, 0.5, 9);
+  Stream s = compress(x, {4000}, 1e-2, SZ_EB_ABS, SZ_LOSSLESS_NONE);
+  ASSERT_EQ(s.status, SZ_OK);
+  std::vector<float> y(x.size());
+  ASSERT_EQ(gpu_decompress(with_eb_abs(s.bytes, 1e-2f * 0.999f), y), SZ_ERR_CORRUPT);
+  ASSERT_EQ(gpu_decompress(with_eb_abs(s.bytes, 0.0f), y), SZ_ERR_CORRUPT);
+  ASSERT_EQ(gpu_decompress(with_eb_abs(s.bytes, 1.0f), y), SZ_ERR_CORRUPT);
+  ASSERT_EQ(gpu_decompress(with_eb_req(s.bytes, 1.0), y), SZ_ERR_CORRUPT);
+  std::vector<uint8_t> t = s.bytes;
+  t.push_back(0);
+  EXPECT_EQ(gpu_decompress(t, y), SZ_ERR_TRAILING);
+  t.clear();
+  EXPECT_EQ(gpu_decompress(t, y), SZ_ERR_EMPTY);
+  std::vector<float> r = random_uniform(64, 5), yr(64);
+  Stream raw = compress(r, {64}, 1e-300, SZ_EB_ABS, SZ_LOSSLESS_NONE);
+  ASSERT_EQ(raw.status, SZ_OK);
+  ASSERT_EQ(gpu_decompress(raw.bytes, yr), SZ_OK);
+  EXPECT_EQ(std::memcmp(r.data(), yr.data(), 4 * r.size()), 0);
+  std::vector<uint8_t> c = raw.bytes;
+  szi::store_u16le(c.data() + SZ_HEADER_SIZE + 1, (uint16_t)(31 | 1 << 6 | 32 << 7));
+  reseal(c);
+  EXPECT_EQ(gpu_decompress(c, yr), SZ_ERR_CORRUPT);
 }
 
 TEST(Device, ScratchAndCapacityChecked) {

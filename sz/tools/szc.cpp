@@ -22,12 +22,35 @@ namespace {
   exit(1);
 }
 
-void usage() {
-  fprintf(stderr,
-          "usage: szc compress -i IN.f32 -o OUT.sz -d N[,C[,H[,W]]] -e EB [--rel] [--no-zstd] [-t T] [--gpu]\n"
-          "       szc decompress -i IN.sz -o OUT.f32 [-t T] [--gpu]\n"
-          "       szc info -i IN.sz\n");
+const char kUsage[] =
+    "usage: szc compress -i IN.f32 -o OUT.sz -d N[,C[,H[,W]]] -e EB [--rel] [--no-zstd] [-t T] [--gpu]\n"
+    "       szc decompress -i IN.sz -o OUT.f32 [-t T] [--gpu]\n"
+    "       szc info -i IN.sz\n"
+    "       szc --help\n";
+
+// A usage error: the usage on stderr, exit 2.
+[[noreturn]] void usage() {
+  fputs(kUsage, stderr);
   exit(2);
+}
+
+// Asked for: the usage and the options on stdout, exit 0.
+[[noreturn]] void help() {
+  fputs(kUsage, stdout);
+  fputs("\n"
+        "compress    IN.f32 holds raw little-endian float32 values, N*C*H*W of them (innermost\n"
+        "            last); writes the stream, decodes it in memory and prints ratio, max error,\n"
+        "            PSNR and throughput (exit 3 if the bound was violated)\n"
+        "decompress  writes the stream's values as raw float32\n"
+        "info        prints the stream header\n"
+        "  -e EB       error bound (> 0): absolute, or a fraction of max - min with --rel\n"
+        "  --no-zstd   no lossless stage (the format of device streams)\n"
+        "  -t T        CPU threads (0 = all)\n"
+        "  --gpu       use the CUDA backend\n"
+        "A stream file must hold exactly one stream: an empty file, a truncated one and one\n"
+        "with bytes after the stream are errors (exit 1).\n",
+        stdout);
+  exit(0);
 }
 
 std::vector<uint8_t> read_file(const std::string& path) {
@@ -63,10 +86,19 @@ void cuda_check(cudaError_t e, const char* what) {
 }
 #endif
 
+// The input file; an empty one is named as such (never a valid stream, nor a tensor of
+// nonzero dims).
+std::vector<uint8_t> read_input(const std::string& path) {
+  std::vector<uint8_t> b = read_file(path);
+  if (b.empty()) die("empty input: " + path + " has 0 bytes");
+  return b;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) usage();
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) help();
   std::string cmd = argv[1], in, out;
   std::vector<size_t> dims;
   double eb = 0;
@@ -102,6 +134,7 @@ int main(int argc, char** argv) {
     else if (a == "--rel") mode = SZ_EB_REL;
     else if (a == "--no-zstd") zstd = false;
     else if (a == "--gpu") gpu = true;
+    else if (a == "--help" || a == "-h") help();
     else usage();
   }
   if (in.empty()) usage();
@@ -110,8 +143,9 @@ int main(int argc, char** argv) {
   if (gpu) die("szc was built without CUDA");
 #endif
 
+  if (cmd != "info" && cmd != "compress" && cmd != "decompress") usage();
   if (cmd == "info") {
-    std::vector<uint8_t> s = read_file(in);
+    std::vector<uint8_t> s = read_input(in);
     sz_header_info h;
     check(sz_read_header(s.data(), s.size(), &h), "info");
     printf("dims:");
@@ -128,9 +162,9 @@ int main(int argc, char** argv) {
   if (cmd == "compress") {
     if (dims.empty() || dims.size() > 4) die("-d takes 1 to 4 dims");
     if (!(eb > 0)) die("-e takes an error bound > 0");
-    std::vector<uint8_t> raw = read_file(in);
     size_t n = 1;
     for (size_t d : dims) n *= d;
+    std::vector<uint8_t> raw = n ? read_input(in) : read_file(in);
     if (raw.size() != 4 * n) die("file has " + std::to_string(raw.size()) + " bytes, dims need " + std::to_string(4 * n));
     std::vector<float> x(n), y(n);
     if (n) memcpy(x.data(), raw.data(), 4 * n);
@@ -192,7 +226,7 @@ int main(int argc, char** argv) {
     return maxerr <= h.eb_abs ? 0 : 3;
   }
   if (cmd == "decompress") {
-    std::vector<uint8_t> s = read_file(in);
+    std::vector<uint8_t> s = read_input(in);
     sz_header_info h;
     check(sz_read_header(s.data(), s.size(), &h), "decompress");
     std::vector<float> y((size_t)h.n_elems);

@@ -37,7 +37,9 @@ typedef enum sz_status {
   SZ_ERR_UNSUPPORTED = -6, /* valid stream, but this build cannot decode it (e.g. zstd) */
   SZ_ERR_NOMEM = -7,       /* host allocation failed */
   SZ_ERR_CUDA = -8,        /* CUDA runtime error, or library built without CUDA */
-  SZ_ERR_SCRATCH = -9      /* device scratch buffer too small */
+  SZ_ERR_SCRATCH = -9,     /* device scratch buffer too small */
+  SZ_ERR_TRAILING = -10,   /* bytes after the end of the stream (see sz_decompress_host_prefix) */
+  SZ_ERR_EMPTY = -11       /* the input has 0 bytes */
 } sz_status;
 
 typedef enum sz_eb_mode {
@@ -89,17 +91,29 @@ SZ_API int sz_compress_host_ex(const float* in, const size_t* dims, int ndims,
                                const sz_params* params, void* out, size_t out_capacity,
                                size_t* out_size);
 
-/* Host decompression into out[0..n) where n = product of the stream's dims <= out_elems. */
+/* Host decompression into out[0..n) where n = product of the stream's dims <= out_elems.
+ * in_size must be the stream's exact size: SZ_ERR_EMPTY for 0 bytes, SZ_ERR_TRUNCATED when
+ * shorter than the header states, SZ_ERR_TRAILING when longer. Besides the checksums, the
+ * header's absolute bound must be the one its mode and requested bound give (absolute mode:
+ * exactly; relative mode: within what any float value range gives), else SZ_ERR_CORRUPT. */
 SZ_API int sz_decompress_host(const void* in, size_t in_size, float* out, size_t out_elems);
 SZ_API int sz_decompress_host_ex(const void* in, size_t in_size, float* out, size_t out_elems,
                                  int nthreads);
 
-/* Parses and validates the header (not the payload) of a stream of in_size bytes; returns
- * SZ_ERR_TRUNCATED when in_size is less than the stream size the header states. */
+/* Prefix read: decodes the stream at the start of in[0..in_size), which may be followed by
+ * other bytes (e.g. the next stream of a concatenation); *consumed gets the stream's size
+ * (header + payload) on SZ_OK, 0 otherwise. nthreads as in sz_decompress_host_ex. */
+SZ_API int sz_decompress_host_prefix(const void* in, size_t in_size, float* out,
+                                     size_t out_elems, int nthreads, size_t* consumed);
+
+/* Parses and validates the header (not the payload) of a stream of exactly in_size bytes:
+ * SZ_ERR_TRUNCATED when in_size is less than the stream size the header states,
+ * SZ_ERR_TRAILING when more (sz_peek_header reads the header at the start of a larger buffer). */
 SZ_API int sz_read_header(const void* in, size_t in_size, sz_header_info* info);
 
 /* Same checks on the SZ_HEADER_SIZE bytes of a header alone (e.g. copied back from a device
- * stream); the stream length is reported in info->stream_size but cannot be checked here. */
+ * stream, or the start of a larger buffer); the stream length is reported in
+ * info->stream_size but cannot be checked here. */
 SZ_API int sz_peek_header(const void* header, size_t header_size, sz_header_info* info);
 
 /* ---- CUDA backend (SZ_ERR_CUDA when built without it) ----------------------------------
@@ -108,7 +122,10 @@ SZ_API int sz_peek_header(const void* header, size_t header_size, sz_header_info
  * the hot path allocates nothing. The functions enqueue their work on the stream and
  * synchronise it once at the end to report the size / status to the host.
  * Device streams use no lossless stage (SZ_LOSSLESS_NONE); the host decoder reads them,
- * and the device decoder reads host streams made with SZ_LOSSLESS_NONE. */
+ * and the device decoder reads host streams made with SZ_LOSSLESS_NONE.
+ * sz_decompress_device checks the header on the host like sz_decompress_host, in_size
+ * included (exact: SZ_ERR_TRAILING when longer); for a stream at the start of a larger
+ * buffer, pass the stream_size that sz_peek_header reports. */
 SZ_API size_t sz_device_scratch_size(size_t n_elems);
 SZ_API int sz_compress_device(const float* d_in, const size_t* dims, int ndims, double eb,
                               int mode, void* d_out, size_t out_capacity, size_t* out_size,

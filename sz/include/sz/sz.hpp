@@ -61,6 +61,16 @@ inline void decompress(const void* stream, std::size_t size, float* out, std::si
   check(sz_decompress_host_ex(stream, size, out, out_elems, nthreads), "sz::decompress");
 }
 
+// Decompresses the stream at the start of buf (other bytes may follow); returns its size.
+inline std::size_t decompress_prefix(const void* buf, std::size_t size, float* out,
+                                     std::size_t out_elems, int nthreads = 0) {
+  std::size_t used = 0;
+  check(sz_decompress_host_prefix(buf, size, out, out_elems, nthreads, &used),
+        "sz::decompress_prefix");
+  return used;
+}
+
+// stream must hold exactly one stream (sz::Error with SZ_ERR_TRAILING otherwise).
 inline std::vector<float> decompress(const std::vector<std::uint8_t>& stream, int nthreads = 0) {
   sz_header_info info = read_header(stream.data(), stream.size());
   std::vector<float> out(static_cast<std::size_t>(info.n_elems));

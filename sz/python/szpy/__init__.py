@@ -2,9 +2,17 @@
 
     import numpy as np, szpy
     lib = szpy.Library()                 # finds libsz.so via $SZ_LIBRARY or a path argument
-    stream = lib.compress(x, eb=1e-3, mode="rel")   # bytes
+    stream = lib.compress(x, eb=1e-3, mode="rel")   # bytes; x must be float32
     y = lib.decompress(stream)           # numpy float32 array with the original shape
     lib.header(stream)                   # dict: dims, eb_abs, ...
+    y, used = lib.decompress_prefix(buf) # a stream at the start of buf, and its size
+
+compress() takes float32 arrays only: any other dtype (float64, float16, ints, bools, a
+Python list) raises SzDtypeError, because the conversion to float32 would change values
+before the error bound applies (16777217 becomes 16777216). Pass allow_cast=True to
+convert anyway; the bound then holds against the converted float32 values.
+decompress() and header() take exactly one stream: an empty input, a truncated stream and
+bytes after the stream raise SzError (see decompress_prefix for concatenated streams).
 
 No build step: only numpy and a built libsz.so are needed.
 """
@@ -13,9 +21,10 @@ import os
 
 import numpy as np
 
-__all__ = ["Library", "SzError", "load"]
+__all__ = ["Library", "SzError", "SzDtypeError", "load"]
 
 _SZ_OK = 0
+_SZ_ERR_PARAM = -1
 _MODES = {"abs": 0, "rel": 1}
 
 
@@ -25,6 +34,13 @@ class SzError(RuntimeError):
     def __init__(self, status, message):
         super().__init__(message)
         self.status = status
+
+
+class SzDtypeError(SzError, TypeError):
+    """compress() was given an array that is not float32 (and no allow_cast=True)."""
+
+    def __init__(self, message):
+        super().__init__(_SZ_ERR_PARAM, message)
 
 
 class _Params(ctypes.Structure):
@@ -75,6 +91,11 @@ class Library:
                                             ctypes.POINTER(_Params), p, sz_t, ctypes.POINTER(sz_t)]
         lib.sz_decompress_host_ex.argtypes = [p, sz_t, p, sz_t, ctypes.c_int]
         lib.sz_read_header.argtypes = [p, sz_t, ctypes.POINTER(_Header)]
+        lib.sz_peek_header.argtypes = [p, sz_t, ctypes.POINTER(_Header)]
+        self._has_prefix = hasattr(lib, "sz_decompress_host_prefix")  # libsz >= strict streams
+        if self._has_prefix:
+            lib.sz_decompress_host_prefix.argtypes = [p, sz_t, p, sz_t, ctypes.c_int,
+                                                      ctypes.POINTER(sz_t)]
         lib.sz_has_cuda.restype = ctypes.c_int
 
     def _check(self, status, what):
@@ -88,8 +109,23 @@ class Library:
     def compress_bound(self, n_elems):
         return self._lib.sz_compress_bound(n_elems)
 
-    def compress(self, array, eb, mode="abs", zstd=True, threads=0, zstd_level=0):
-        """Compresses a float32 array of 1-4 dims (innermost last). Returns bytes."""
+    def compress(self, array, eb, mode="abs", zstd=True, threads=0, zstd_level=0,
+                 allow_cast=False):
+        """Compresses a float32 array of 1-4 dims (innermost last). Returns bytes.
+
+        The array must already be float32 (either byte order): any other dtype raises
+        SzDtypeError (a SzError and a TypeError), since converting float64 or int32 to
+        float32 may change values by more than eb (16777217 -> 16777216) and uint8 or bool
+        data would be inflated silently. allow_cast=True converts with numpy's float32 cast
+        first; the error bound then holds against the converted values, not the originals.
+        """
+        dt = getattr(array, "dtype", None)
+        is_f32 = dt is not None and dt.kind == "f" and dt.itemsize == 4
+        if not is_f32 and not allow_cast:
+            got = str(dt) if dt is not None else type(array).__name__
+            raise SzDtypeError("compress takes float32 data, got %s; convert it first or pass "
+                               "allow_cast=True (the bound then applies to the float32 values)"
+                               % got)
         x = np.ascontiguousarray(array, dtype=np.float32)
         if x.ndim == 0:
             x = x.reshape(1)
@@ -122,17 +158,41 @@ class Library:
                 "eb_abs": h.eb_abs, "lossless": "zstd" if h.lossless else "none",
                 "stream_size": int(h.stream_size), "raw_payload_size": int(h.raw_payload_size)}
 
+    def _out(self, info, out):
+        if out is None:
+            return np.empty(info["dims"], dtype=np.float32)
+        if out.dtype != np.float32 or not out.flags.c_contiguous or out.size < info["n_elems"]:
+            raise SzError(-2, "out must be a C-contiguous float32 array of >= %d values" % info["n_elems"])
+        return out
+
     def decompress(self, stream, out=None, threads=0):
-        """Decompresses a stream into a new (or the given) float32 array of the stream's shape."""
+        """Decompresses a stream into a new (or the given) float32 array of the stream's shape.
+
+        stream must hold exactly one stream: bytes after it raise SzError (status -10), an
+        empty input SzError (status -11); use decompress_prefix for a stream followed by
+        other data."""
         buf = np.frombuffer(stream, dtype=np.uint8)
         info = self.header(stream)
-        if out is None:
-            out = np.empty(info["dims"], dtype=np.float32)
-        elif out.dtype != np.float32 or not out.flags.c_contiguous or out.size < info["n_elems"]:
-            raise SzError(-2, "out must be a C-contiguous float32 array of >= %d values" % info["n_elems"])
+        out = self._out(info, out)
         self._check(self._lib.sz_decompress_host_ex(buf.ctypes.data, buf.size, out.ctypes.data,
                                                     out.size, int(threads)), "decompress")
         return out
+
+    def decompress_prefix(self, buf, out=None, threads=0):
+        """Decompresses the stream at the start of buf, which may go on with other bytes.
+        Returns (array, bytes consumed)."""
+        if not self._has_prefix:
+            raise SzError(-6, "this libsz has no sz_decompress_host_prefix")
+        b = np.frombuffer(buf, dtype=np.uint8)
+        h = _Header()
+        self._check(self._lib.sz_peek_header(b.ctypes.data, b.size, ctypes.byref(h)), "header")
+        info = {"dims": tuple(int(h.dims[i]) for i in range(h.ndims)), "n_elems": int(h.n_elems)}
+        out = self._out(info, out)
+        used = ctypes.c_size_t(0)
+        self._check(self._lib.sz_decompress_host_prefix(b.ctypes.data, b.size, out.ctypes.data,
+                                                        out.size, int(threads),
+                                                        ctypes.byref(used)), "decompress")
+        return out, int(used.value)
 
 
 _default = None
