@@ -5,9 +5,12 @@
 // layers declare this class a friend (patch 0011); nothing else reaches into them.
 
 #include "caffe/comet/codes.hpp"
+#include "caffe/layers/batch_norm_layer.hpp"
 #include "caffe/layers/dropout_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
 #include "caffe/layers/pooling_layer.hpp"
+#include "caffe/layers/scale_layer.hpp"
+#include "caffe/util/math_functions.hpp"
 
 namespace caffe {
 
@@ -45,6 +48,56 @@ class CometLayerAccess {
       return NULL;
     }
     return &l->scale_;
+  }
+  // BatchNorm's temp_ and in-place Scale's temp_ (the buffers the plan's REBUILD frees), else NULL.
+  static Blob<Dtype>* rebuildable(Layer<Dtype>* layer) {
+    if (BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer)) return &bn->temp_;
+    if (ScaleLayer<Dtype>* s = dynamic_cast<ScaleLayer<Dtype>*>(layer)) return &s->temp_;
+    return NULL;
+  }
+  // BatchNorm's Forward leaves its per-channel standard deviation in variance_ and broadcasts it
+  // into temp_ with two gemms against vectors of ones; the same gemms rebuild it exactly (every
+  // product is x * 1, every sum has one term).
+  static void RebuildBatchNormTemp(Layer<Dtype>* layer) {
+    BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer);
+    CHECK(bn) << "not a BatchNorm layer";
+    Blob<Dtype>& t = bn->temp_;
+    const int num = t.shape(0), spatial = t.count() / (t.shape(0) * bn->channels_);
+    if (Caffe::mode() == Caffe::CPU) {
+      caffe_cpu_gemm<Dtype>(CblasNoTrans, CblasNoTrans, num, bn->channels_, 1, 1,
+                            bn->batch_sum_multiplier_.cpu_data(), bn->variance_.cpu_data(), 0.,
+                            bn->num_by_chans_.mutable_cpu_data());
+      caffe_cpu_gemm<Dtype>(CblasNoTrans, CblasNoTrans, bn->channels_ * num, spatial, 1, 1.,
+                            bn->num_by_chans_.cpu_data(), bn->spatial_sum_multiplier_.cpu_data(),
+                            0., t.mutable_cpu_data());
+    } else {
+#ifndef CPU_ONLY
+      caffe_gpu_gemm<Dtype>(CblasNoTrans, CblasNoTrans, num, bn->channels_, 1, 1,
+                            bn->batch_sum_multiplier_.gpu_data(), bn->variance_.gpu_data(), 0.,
+                            bn->num_by_chans_.mutable_gpu_data());
+      caffe_gpu_gemm<Dtype>(CblasNoTrans, CblasNoTrans, bn->channels_ * num, spatial, 1, 1.,
+                            bn->num_by_chans_.gpu_data(), bn->spatial_sum_multiplier_.gpu_data(),
+                            0., t.mutable_gpu_data());
+#else
+      NO_GPU;
+#endif
+    }
+  }
+  // In-place Scale's copy of its input, taken from the BatchNorm layer that wrote that input.
+  static void RebuildScaleCopy(Layer<Dtype>* scale, Layer<Dtype>* batch_norm) {
+    ScaleLayer<Dtype>* s = dynamic_cast<ScaleLayer<Dtype>*>(scale);
+    BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(batch_norm);
+    CHECK(s && bn) << "not a Scale after a BatchNorm";
+    CHECK_EQ(s->temp_.count(), bn->x_norm_.count()) << "Scale's input is not BatchNorm's output";
+    if (Caffe::mode() == Caffe::CPU) {
+      caffe_copy(s->temp_.count(), bn->x_norm_.cpu_data(), s->temp_.mutable_cpu_data());
+    } else {
+#ifndef CPU_ONLY
+      caffe_copy(s->temp_.count(), bn->x_norm_.gpu_data(), s->temp_.mutable_gpu_data());
+#else
+      NO_GPU;
+#endif
+    }
   }
 };
 

@@ -27,7 +27,10 @@ enum CometRead {
 
 // What the store needs to know about one layer as built (its parameters and blobs).
 struct CometLayerFacts {
-  enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE };
+  // BN_TEMP: BatchNorm's temp_, its standard deviation broadcast to every element (rebuilt from
+  // the per-channel values). SCALE_COPY: in-place Scale's temp_, a copy of its input (rebuilt
+  // from the BatchNorm output it was copied from).
+  enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE, BN_TEMP, SCALE_COPY };
   CometLayerFacts()
       : known(false), lossy_input(false), adaptive(false), relu_from_mask(false),
         private_buffer(NO_PRIVATE) {}

@@ -17,19 +17,22 @@
 namespace caffe {
 
 struct CometActions {
-  // LOSSY, MASK, RELEASE, KEEP: net blobs. ARGMAX, BINARY, RECOMPUTE: a layer's private buffer
-  // (max pooling's argmax and Dropout's mask as packed codes; LRN's scale freed and recomputed).
-  enum Action { KEEP = 0, RELEASE, LOSSY, MASK, ARGMAX, BINARY, RECOMPUTE };
+  // LOSSY, MASK, RELEASE, KEEP: net blobs. ARGMAX, BINARY, RECOMPUTE, REBUILD: a layer's private
+  // buffer (max pooling's argmax and Dropout's mask as packed codes; LRN's scale freed and
+  // recomputed by LRN's forward; BatchNorm's and in-place Scale's temp_ freed after the forward
+  // and rebuilt exactly before the backward).
+  enum Action { KEEP = 0, RELEASE, LOSSY, MASK, ARGMAX, BINARY, RECOMPUTE, REBUILD };
   static const char* ActionName(Action a);
 };
 
 struct CometPlanEntry : public CometActions {
   CometPlanEntry()
-      : layer(-1), action(KEEP), signs(false), last_forward(-1), last_backward(-1) {}
+      : layer(-1), source(-1), action(KEEP), signs(false), last_forward(-1), last_backward(-1) {}
   std::string name;            // what the log calls it: the reading layer(s)
   std::string blob;            // first blob name, or "<layer> argmax|mask|scale"
   std::vector<int> blob_ids;   // empty for a layer-private buffer
   int layer;                   // the layer owning a private buffer, else -1
+  int source;                  // REBUILD of Scale's copy: the BatchNorm layer it copied, else -1
   Action action;
   bool signs;                  // LOSSY read by ReLU too: a sign mask is stored alongside
   int last_forward;            // compress/release after this layer's forward

@@ -138,7 +138,14 @@ void PowerRow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f)
 template <typename Dtype>
 void ScaleRow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f) {
   if (!s.in_place) f->bottom[0] = COMET_READS_VALUE;
+  else f->private_buffer = CometLayerFacts::SCALE_COPY;
   if (s.bottoms > 1) f->bottom[1] = COMET_READS_VALUE;  // the scale itself, for bottom[0]'s diff
+}
+
+// BatchNorm's Backward reads its own x_norm_ (a copy of its output) and temp_.
+template <typename Dtype>
+void BatchNormRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
+  f->private_buffer = CometLayerFacts::BN_TEMP;
 }
 
 template <typename Dtype>
@@ -314,7 +321,7 @@ REGISTER_COMET_FACTS("LRN", LRNLayer, LRNRow);
 REGISTER_COMET_FACTS("Pooling", PoolingLayer, PoolingRow);
 REGISTER_COMET_FACTS("SPP", SPPLayer, ReadsNothing);
 REGISTER_COMET_FACTS("Dropout", DropoutLayer, DropoutRow);
-REGISTER_COMET_FACTS("BatchNorm", BatchNormLayer, ReadsNothing);  // its own x_norm_ and temp_
+REGISTER_COMET_FACTS("BatchNorm", BatchNormLayer, BatchNormRow);
 REGISTER_COMET_FACTS("Scale", ScaleLayer, ScaleRow);
 REGISTER_COMET_FACTS("Bias", BiasLayer, ReadsNothing);
 REGISTER_COMET_FACTS("Eltwise", EltwiseLayer, EltwiseRow);

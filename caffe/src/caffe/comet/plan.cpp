@@ -11,7 +11,8 @@
 namespace caffe {
 
 const char* CometActions::ActionName(Action a) {
-  static const char* names[] = {"keep", "release", "lossy", "mask", "argmax", "binary", "scale"};
+  static const char* names[] = {"keep",   "release", "lossy", "mask",
+                                "argmax", "binary",  "scale", "rebuild"};
   return names[a];
 }
 
@@ -231,6 +232,22 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
       case CometLayerFacts::MAX_ARGMAX: e.action = CometActions::ARGMAX; e.blob = e.name + " argmax"; break;
       case CometLayerFacts::DROPOUT_MASK: e.action = CometActions::BINARY; e.blob = e.name + " mask"; break;
       case CometLayerFacts::LRN_SCALE: e.action = CometActions::RECOMPUTE; e.blob = e.name + " scale"; break;
+      case CometLayerFacts::BN_TEMP: e.action = CometActions::REBUILD; e.blob = e.name + " temp"; break;
+      case CometLayerFacts::SCALE_COPY: {
+        // In place, Scale copies its input: when BatchNorm wrote it (no layer in between), the
+        // copy is bit for bit BatchNorm's x_norm_, which lives until BatchNorm's backward.
+        const int b = net.top_ids(i)[0];
+        int writer = -1;
+        for (int j = i - 1; j >= 0 && writer < 0; --j) {
+          const std::vector<int>& tops = net.top_ids(j);
+          if (std::find(tops.begin(), tops.end(), b) != tops.end()) writer = j;
+        }
+        if (writer < 0 || plan.facts[writer].private_buffer != CometLayerFacts::BN_TEMP) continue;
+        e.action = CometActions::REBUILD;
+        e.source = writer;
+        e.blob = e.name + " copy";
+        break;
+      }
       default: continue;
     }
     e.last_forward = e.last_backward = i;
@@ -277,7 +294,10 @@ std::string DescribeCometPlan(const CometPlan& plan, const Net<Dtype>& net,
   for (int e = 0; e < plan.entries.size(); ++e) {
     const CometPlanEntry& en = plan.entries[e];
     os << "COMET plan: blob " << en.blob << " -> ";
-    if (en.action == CometActions::RECOMPUTE && !param.recompute_lrn()) {
+    if (en.action == CometActions::REBUILD) {
+      os << "freed after " << en.name << " forward, rebuilt before its backward";
+      if (en.source >= 0) os << " from " << net.layer_names()[en.source] << "'s output";
+    } else if (en.action == CometActions::RECOMPUTE && !param.recompute_lrn()) {
       os << "freed after " << en.name << " backward";
     } else if (en.action == CometActions::RECOMPUTE) {
       os << "freed after " << en.name << " forward, recomputed before its backward";

@@ -262,6 +262,7 @@ SyncedMemory* CometStore<Dtype>::PrivateBuffer(const Entry& e) const {
     case ARGMAX: return CometLayerAccess<Dtype>::argmax(layer)->data().get();
     case BINARY: return CometLayerAccess<Dtype>::dropout_mask(layer)->data().get();
     case RECOMPUTE: return CometLayerAccess<Dtype>::lrn_scale(layer)->data().get();
+    case REBUILD: return CometLayerAccess<Dtype>::rebuildable(layer)->data().get();
     default: LOG(FATAL) << "not a layer-private buffer: " << e.blob;
   }
   return NULL;
@@ -284,8 +285,9 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
   timer.Start();
   const size_t count = mem->size() / sizeof(int32_t);
   shared_ptr<CometPayload> p;
-  if (e->action == RECOMPUTE) {
-    if (!param_.recompute_lrn()) return;  // kept until LRN's backward, freed after it
+  if (e->action == RECOMPUTE || e->action == REBUILD) {
+    // LRN's scale is kept until LRN's backward and freed after it, unless recompute_lrn.
+    if (e->action == RECOMPUTE && !param_.recompute_lrn()) return;
     e->dense_bytes += mem->size();
     mem->comet_release();
   } else {
@@ -391,6 +393,16 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     net_->layers()[layer]->Forward(net_->bottom_vecs()[layer], net_->top_vecs()[layer]);
     e.encode_ms += timer.MilliSeconds();
   }
+  for (int k = 0; k < own.size(); ++k) {
+    Entry& e = entries_[own[k]];
+    if (e.action != REBUILD || PrivateBuffer(e)->head() != SyncedMemory::UNINITIALIZED) continue;
+    CPUTimer timer;
+    timer.Start();
+    Layer<Dtype>* l = net_->layers()[layer].get();
+    if (e.source >= 0) CometLayerAccess<Dtype>::RebuildScaleCopy(l, net_->layers()[e.source].get());
+    else CometLayerAccess<Dtype>::RebuildBatchNormTemp(l);
+    e.timing->decode_ms += timer.MilliSeconds();
+  }
   if (param_.relu_masks() && plan_.facts[layer].relu_from_mask) ReluBackwardFromMask(layer);
   if (!Measures(layer)) return;
   // ||dy||^2 of the layer's output gradient, for the error estimate after its backward.
@@ -471,7 +483,7 @@ void CometStore<Dtype>::AfterBackward(int layer) {
   const std::vector<int>& todo = plan_.after_backward[layer];
   for (int t = 0; t < todo.size(); ++t) {
     Entry& e = entries_[todo[t]];
-    if (e.action == RECOMPUTE) {
+    if (e.action == RECOMPUTE || e.action == REBUILD) {
       PrivateBuffer(e)->comet_release();
       continue;
     }
@@ -584,6 +596,10 @@ void CometStore<Dtype>::Report() {
       if (e.action == LOSSY) {
         snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, eb %.1e, %.1f ms", e.name.c_str(),
                  e.last_ratio, e.last_eb, e.last_ms);
+      } else if (e.action == REBUILD) {
+        snprintf(line, sizeof(line), "COMET %s: %s rebuilt, freed %s, %.1f ms", e.name.c_str(),
+                 e.source >= 0 ? "input copy" : "temp", FormatBytes(e.last_dense).c_str(),
+                 e.last_ms);
       } else if (e.action == RECOMPUTE) {
         snprintf(line, sizeof(line), "COMET %s: scale recomputed, freed %s, %.1f ms",
                  e.name.c_str(), FormatBytes(e.last_dense).c_str(), e.last_ms);

@@ -694,6 +694,75 @@ TEST_F(CometStoreTest, ExactStagesAreBitIdenticalToCometOff) {
   EXPECT_TRUE(mask);
 }
 
+// A residual block as ResNets write it: Convolution, BatchNorm, Scale and ReLU in place on one
+// blob, an Eltwise SUM shortcut through Split, global average pooling, and the label read by
+// both the loss and Accuracy in TRAIN. With the exact stages (masks, releases, freed diffs and
+// BatchNorm's and Scale's temp_ rebuilt) training matches COMET off bit for bit.
+TEST_F(CometStoreTest, ResidualBlockTrainsBitIdenticallyWithExactStages) {
+  const std::string conv = " weight_filler { type: 'gaussian' std: 0.2 } bias_term: false } } ";
+  const std::string net =
+      "name: 'residual' "
+      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "  dummy_data_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 } "
+      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "  convolution_param { num_output: 6 kernel_size: 3 pad: 1" + conv +
+      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'sc1' type: 'Scale' bottom: 'conv1' top: 'conv1' scale_param { bias_term: true } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2' "
+      "  convolution_param { num_output: 6 kernel_size: 3 pad: 1" + conv +
+      "layer { name: 'bn2' type: 'BatchNorm' bottom: 'conv2' top: 'conv2' } "
+      "layer { name: 'sc2' type: 'Scale' bottom: 'conv2' top: 'conv2' scale_param { bias_term: true } } "
+      "layer { name: 'sum' type: 'Eltwise' bottom: 'conv1' bottom: 'conv2' top: 'sum' } "
+      "layer { name: 'relu2' type: 'ReLU' bottom: 'sum' top: 'sum' } "
+      "layer { name: 'gap' type: 'Pooling' bottom: 'sum' top: 'gap' "
+      "  pooling_param { pool: AVE global_pooling: true } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'gap' top: 'ip' "
+      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } "
+      "layer { name: 'acc' type: 'Accuracy' bottom: 'ip' bottom: 'label' top: 'acc' } ";
+  shared_ptr<Solver<float> > solvers[2];
+  std::vector<float> initial;
+  const char* comet[] = {"", "comet { compress_type: 'None' }"};
+  for (int k = 0; k < 2; ++k) {
+    SolverParameter sp;
+    CHECK(google::protobuf::TextFormat::ParseFromString(
+        "base_lr: 0.1 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
+        "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet[k], &sp));
+    CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
+    solvers[k].reset(SolverRegistry<float>::CreateSolver(sp));
+    if (k == 0) initial = Params(solvers[k].get());
+    Run(solvers[k].get(), 4);
+  }
+  const std::vector<float> a = Params(solvers[0].get()), b = Params(solvers[1].get());
+  ASSERT_EQ(a.size(), b.size());
+  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;
+  EXPECT_NE(a, initial) << "the block trained";
+  std::map<std::string, const CometStore<float>::Entry*> by_blob;
+  const CometStore<float>* store = solvers[1]->comet();
+  for (int e = 0; e < store->entries().size(); ++e)
+    by_blob[store->entries()[e].blob] = &store->entries()[e];
+  const char* rebuilt[] = {"bn1 temp", "sc1 copy", "bn2 temp", "sc2 copy"};
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(by_blob.count(rebuilt[r])) << rebuilt[r] << "\n" << store->Plan();
+    EXPECT_EQ(by_blob[rebuilt[r]]->action, CometStore<float>::REBUILD);
+    EXPECT_GT(by_blob[rebuilt[r]]->last_dense, 0u) << rebuilt[r] << " was freed";
+  }
+  const std::vector<std::string>& names = solvers[1]->net()->layer_names();
+  EXPECT_EQ(names[by_blob["sc1 copy"]->source], "bn1");
+  EXPECT_EQ(names[by_blob["sc2 copy"]->source], "bn2");
+  ASSERT_TRUE(by_blob.count("sum"));
+  EXPECT_EQ(by_blob["sum"]->action, CometStore<float>::MASK);
+  // between forward and backward, the temp_ buffers hold nothing
+  caffe::Net<float>* n = solvers[1]->net().get();
+  n->Forward();
+  EXPECT_EQ(CometLayerAccess<float>::rebuildable(n->layer_by_name("bn1").get())->data()->head(),
+            SyncedMemory::UNINITIALIZED);
+  EXPECT_EQ(CometLayerAccess<float>::rebuildable(n->layer_by_name("sc2").get())->data()->head(),
+            SyncedMemory::UNINITIALIZED);
+}
+
 // Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
 // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
 TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
