@@ -839,6 +839,64 @@ TEST_F(CometStoreTest, NaNInAnActivationIsKeptNotLostNorACrash) {
   EXPECT_EQ(std::isnan(ip_off[0]), std::isnan(ip_on[0]));
 }
 
+// A diverging run: NaN, Inf or huge values reaching max pooling. Upstream left the argmax at -1
+// for a window of NaN or -Inf and its backward wrote before the buffer (heap corruption); patch
+// 0015 starts every window at its first element and lets NaN win.
+TEST_F(CometStoreTest, NaNAndInfThroughMaxPoolingStayInTheWindow) {
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), 1e38f};
+  for (int s = 0; s < 4; ++s) {
+    const float v = specials[s];
+    for (int tops = 1; tops <= 2; ++tops) {
+      LayerParameter lp;
+      lp.set_type("Pooling");
+      lp.mutable_pooling_param()->set_pool(PoolingParameter_PoolMethod_MAX);
+      lp.mutable_pooling_param()->set_kernel_size(3);
+      lp.mutable_pooling_param()->set_stride(2);
+      for (int t = 0; t < tops; ++t) lp.add_top(t ? "mask" : "y");
+      Blob<float> x(2, 2, 5, 5), y, mask;
+      FillerParameter fp;
+      GaussianFiller<float>(fp).Fill(&x);
+      float* d = x.mutable_cpu_data();
+      for (int h = 0; h < 3; ++h)
+        for (int w = 0; w < 3; ++w) d[h * 5 + w] = v;  // window (0, 0) of plane 0: all v
+      d[25 + 2 * 5 + 4] = v;  // one element of plane 1
+      std::vector<Blob<float>*> bottom(1, &x), top(1, &y);
+      if (tops == 2) top.push_back(&mask);
+      PoolingLayer<float> pool(lp);
+      pool.SetUp(bottom, top);
+      pool.Forward(bottom, top);
+      const int* argmax = tops == 1 ? CometLayerAccess<float>::argmax(&pool)->cpu_data() : NULL;
+      for (int i = 0; i < y.count(); ++i) {
+        const int p = i % 4, ph = p / 2, pw = p % 2;
+        const int idx = argmax ? argmax[i] : static_cast<int>(mask.cpu_data()[i]);
+        const int h = idx / 5, w = idx % 5;
+        EXPECT_TRUE(h >= 2 * ph && h < 2 * ph + 3 && w >= 2 * pw && w < 2 * pw + 3)
+            << "value " << v << ", output " << i << ": argmax " << idx << " outside its window";
+      }
+      if (std::isnan(v)) {
+        EXPECT_TRUE(std::isnan(y.cpu_data()[0]));
+        EXPECT_TRUE(std::isnan(y.cpu_data()[4 + 1]));  // plane 1, window (0, 1) holds the NaN
+      } else {
+        EXPECT_EQ(y.cpu_data()[0], v);
+      }
+      caffe_set(y.count(), 1.f, y.mutable_cpu_diff());
+      pool.Backward(top, std::vector<bool>(1, true), bottom);
+      EXPECT_EQ(x.asum_diff(), static_cast<float>(y.count())) << "every gradient lands in x";
+    }
+  }
+  // Training into NaN, COMET off and on: four steps, no crash, the loss says NaN.
+  const std::string comet[] = {"", "comet { eb_mode: FIXED error_bound: 1e-3 }"};
+  for (int k = 0; k < 2; ++k) {
+    shared_ptr<Solver<float> > solver = MakeSolver(comet[k]);
+    Blob<float>* w = solver->net()->layer_by_name("conv1")->blobs()[0].get();
+    w->mutable_cpu_data()[0] = std::numeric_limits<float>::quiet_NaN();  // NaN windows at pool1
+    Run(solver.get(), 4);
+    EXPECT_TRUE(std::isnan(solver->net()->blob_by_name("loss")->cpu_data()[0])) << comet[k];
+  }
+}
+
 TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
   shared_ptr<Solver<float> > a = MakeSolver(
       "comet { eb_mode: ADAPTIVE error_bound: 1e-1 update_interval: 2 adaptive_target: 0.01 "
