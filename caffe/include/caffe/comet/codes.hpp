@@ -23,6 +23,14 @@ struct PoolGeometry {
   int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
 };
 
+// Dropout's mask as a one-bit code: the bit is v > threshold, restored as `one` or 0. The CPU
+// layer keeps 0 or 1 (threshold 0, one 1; any other value is refused); the GPU layer keeps raw
+// random words and asks mask > uint_thres_ (threshold uint_thres_, one UINT_MAX: restored words
+// compare exactly as the originals did).
+struct BinaryRule {
+  uint32_t threshold, one;
+};
+
 // Smallest of 1, 2, 4, 8, 16 bits that holds codes 0 .. ncodes-1; 0 when none does.
 COMET_HD int bits_for(uint32_t ncodes) {
   for (int b = 1; b <= 16; b *= 2)
@@ -62,7 +70,7 @@ COMET_HD int argmax_index(uint32_t code, size_t i, const PoolGeometry& g) {
 // Packs the codes of elements in word wi; *bad is set when an element cannot be coded. `argmax`
 // selects argmax codes (values are indices) or binary codes (values are 0 or 1).
 COMET_HD uint32_t pack_codes(const int32_t* v, size_t count, int bits, size_t wi, bool argmax,
-                             const PoolGeometry& g, bool* bad) {
+                             const PoolGeometry& g, const BinaryRule& r, bool* bad) {
   const size_t per = 32 / bits;
   const size_t begin = wi * per;
   const size_t end = begin + per < count ? begin + per : count;
@@ -72,17 +80,18 @@ COMET_HD uint32_t pack_codes(const int32_t* v, size_t count, int bits, size_t wi
     if (argmax) {
       if (!argmax_code(v[i], i, g, &code)) *bad = true;
     } else {
-      if (v[i] != 0 && v[i] != 1) *bad = true;
-      code = v[i] == 1 ? 1u : 0u;
+      const uint32_t u = static_cast<uint32_t>(v[i]);
+      if (r.one == 1u && u > 1u) *bad = true;
+      code = u > r.threshold ? 1u : 0u;
     }
     word |= code << ((i - begin) * bits);
   }
   return word;
 }
 COMET_HD int32_t unpack_code(const uint32_t* w, size_t i, int bits, bool argmax,
-                             const PoolGeometry& g) {
+                             const PoolGeometry& g, const BinaryRule& r) {
   const uint32_t code = code_at(w, i, bits);
-  return argmax ? argmax_index(code, i, g) : static_cast<int32_t>(code);
+  return argmax ? argmax_index(code, i, g) : static_cast<int32_t>(code ? r.one : 0u);
 }
 
 // ReLU's backward from the sign mask alone: upstream computes

@@ -34,10 +34,22 @@ class CometLayerAccess {
                                    p->pad_h_, p->pad_w_};
     return g;
   }
-  // Dropout's 0/1 mask, else NULL.
+  // Dropout's mask (0/1 on the CPU, raw random words on the GPU), else NULL.
   static Blob<unsigned int>* dropout_mask(Layer<Dtype>* layer) {
     DropoutLayer<Dtype>* d = dynamic_cast<DropoutLayer<Dtype>*>(layer);
     return d ? &d->rand_vec_ : NULL;
+  }
+  // What Dropout's Backward asks of its mask: mask * scale on the CPU (0 or 1), mask >
+  // uint_thres_ on the GPU (upstream's Forward_gpu keeps the raw random words).
+  static comet_codes::BinaryRule dropout_rule(Layer<Dtype>* layer, bool on_device) {
+    DropoutLayer<Dtype>* d = dynamic_cast<DropoutLayer<Dtype>*>(layer);
+    CHECK(d) << "not a Dropout layer";
+    comet_codes::BinaryRule r = {0u, 1u};
+    if (on_device) {
+      r.threshold = d->uint_thres_;
+      r.one = 0xffffffffu;
+    }
+    return r;
   }
   // LRN's scale across channels (its backward reads it; a forward recomputes it), else NULL.
   // Within a channel LRN is a chain of internal layers and keeps no such buffer.

@@ -49,6 +49,7 @@ class CometPayload {
   uint32_t mask_popcount;        // MASK, ARGMAX, BINARY: number of set bits, checked when decoding
   int code_bits;                 // ARGMAX, BINARY: bits per code
   comet_codes::PoolGeometry pool;  // ARGMAX: the windows the codes are offsets in
+  comet_codes::BinaryRule binary;  // BINARY: what a bit means and restores to
   // LOSSY read by ReLU too: after decoding, values are clamped to the sign this mask records
   // (positive stays > 0, the rest <= 0). That keeps |x - x'| <= eb and gives ReLU exact signs.
   shared_ptr<CometPayload> sign_mask;
@@ -98,7 +99,8 @@ shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool o
 shared_ptr<CometPayload> CometEncodeArgmax(const int* idx, size_t count,
                                            const comet_codes::PoolGeometry& g, bool on_device,
                                            const std::string& name);
-shared_ptr<CometPayload> CometEncodeBinary(const unsigned int* v, size_t count, bool on_device,
+shared_ptr<CometPayload> CometEncodeBinary(const unsigned int* v, size_t count,
+                                           const comet_codes::BinaryRule& rule, bool on_device,
                                            const std::string& name);
 // Decodes into out (device memory when the payload is on the device; floats, or 32-bit integers
 // for ARGMAX and BINARY); false when corrupt, with the reason in *error.

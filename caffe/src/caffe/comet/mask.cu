@@ -48,12 +48,13 @@ __global__ void PopcountKernel(const uint32_t* words, size_t nwords, size_t tota
 }
 
 __global__ void PackCodesKernel(const int32_t* v, size_t count, int bits, bool argmax,
-                                comet_codes::PoolGeometry g, uint32_t* words, size_t nwords,
+                                comet_codes::PoolGeometry g, comet_codes::BinaryRule r,
+                                uint32_t* words, size_t nwords,
                                 uint32_t* popcount, int* bad) {
   for (size_t w = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; w < nwords;
        w += static_cast<size_t>(blockDim.x) * gridDim.x) {
     bool b = false;
-    const uint32_t word = comet_codes::pack_codes(v, count, bits, w, argmax, g, &b);
+    const uint32_t word = comet_codes::pack_codes(v, count, bits, w, argmax, g, r, &b);
     words[w] = word;
     atomicAdd(popcount, static_cast<uint32_t>(__popc(word)));
     if (b) atomicOr(bad, 1);
@@ -61,10 +62,11 @@ __global__ void PackCodesKernel(const int32_t* v, size_t count, int bits, bool a
 }
 
 __global__ void UnpackCodesKernel(const uint32_t* words, size_t count, int bits, bool argmax,
-                                  comet_codes::PoolGeometry g, int32_t* v) {
+                                  comet_codes::PoolGeometry g, comet_codes::BinaryRule r,
+                                  int32_t* v) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(blockDim.x) * gridDim.x) {
-    v[i] = comet_codes::unpack_code(words, i, bits, argmax, g);
+    v[i] = comet_codes::unpack_code(words, i, bits, argmax, g, r);
   }
 }
 
@@ -126,14 +128,14 @@ void CometMaskDecodeGpu(const uint32_t* words, size_t count, float* x, bool appl
 }
 
 void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
-                       const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
-                       bool* bad) {
+                       const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
+                       uint32_t* words, uint32_t* popcount, bool* bad) {
   const size_t nwords = comet_codes::words(count, bits);
   uint32_t* d_counts;  // [popcount, bad]
   CometGpuMalloc(reinterpret_cast<void**>(&d_counts), 2 * sizeof(uint32_t));
   CUDA_CHECK(cudaMemset(d_counts, 0, 2 * sizeof(uint32_t)));
   PackCodesKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(
-      v, count, bits, argmax, g, words, nwords, d_counts, reinterpret_cast<int*>(d_counts + 1));
+      v, count, bits, argmax, g, r, words, nwords, d_counts, reinterpret_cast<int*>(d_counts + 1));
   CUDA_POST_KERNEL_CHECK;
   uint32_t h[2];
   CUDA_CHECK(cudaMemcpy(h, d_counts, sizeof(h), cudaMemcpyDeviceToHost));
@@ -143,8 +145,10 @@ void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
 }
 
 void CometCodesUnpackGpu(const uint32_t* words, size_t count, int bits, bool argmax,
-                         const comet_codes::PoolGeometry& g, int32_t* v, uint32_t* popcount) {
-  UnpackCodesKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, bits, argmax, g, v);
+                         const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
+                         int32_t* v, uint32_t* popcount) {
+  UnpackCodesKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, bits, argmax, g, r,
+                                                               v);
   CUDA_POST_KERNEL_CHECK;
   DevicePopcount(words, count * bits, popcount);
 }

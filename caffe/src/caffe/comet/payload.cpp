@@ -27,10 +27,11 @@ void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* p
 void CometMaskDecodeGpu(const uint32_t* words, size_t count, float* x, bool apply_signs,
                         uint32_t* popcount);
 void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
-                       const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
-                       bool* bad);
+                       const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
+                       uint32_t* words, uint32_t* popcount, bool* bad);
 void CometCodesUnpackGpu(const uint32_t* words, size_t count, int bits, bool argmax,
-                         const comet_codes::PoolGeometry& g, int32_t* v, uint32_t* popcount);
+                         const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
+                         int32_t* v, uint32_t* popcount);
 void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_diff,
                           float* bottom_diff, float negative_slope, uint32_t* popcount);
 #endif
@@ -236,13 +237,15 @@ uint32_t HostPopcount(const uint32_t* words, size_t total_bits) {
 
 shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, size_t count,
                                      int bits, const comet_codes::PoolGeometry& g,
-                                     bool on_device, const std::string& name) {
+                                     const comet_codes::BinaryRule& r, bool on_device,
+                                     const std::string& name) {
   shared_ptr<CometPayload> p(new CometPayload(kind, on_device, count, name));
   const bool argmax = kind == CometPayload::ARGMAX;
   const size_t nwords = comet_codes::words(count, bits);
   p->Allocate(nwords * sizeof(uint32_t));
   p->code_bits = bits;
   p->pool = g;
+  p->binary = r;
   bool bad = false;
   uint32_t popcount = 0;
   if (!on_device && argmax) {
@@ -271,12 +274,12 @@ shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, 
   } else if (!on_device) {
     uint32_t* words = static_cast<uint32_t*>(p->data());
     for (size_t w = 0; w < nwords; ++w)
-      words[w] = comet_codes::pack_codes(v, count, bits, w, argmax, g, &bad);
+      words[w] = comet_codes::pack_codes(v, count, bits, w, argmax, g, r, &bad);
     popcount = HostPopcount(words, count * bits);
   } else {
 #ifndef CPU_ONLY
-    CometCodesPackGpu(v, count, bits, argmax, g, static_cast<uint32_t*>(p->data()), &popcount,
-                      &bad);
+    CometCodesPackGpu(v, count, bits, argmax, g, r, static_cast<uint32_t*>(p->data()),
+                      &popcount, &bad);
 #else
     NO_GPU;
 #endif
@@ -303,7 +306,7 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
       for (size_t i = i0; i < i1; ++i) {
         const uint32_t code = comet_codes::code_at(words, i, p.code_bits);
         if (!argmax) {
-          out[i] = static_cast<int32_t>(code);
+          out[i] = static_cast<int32_t>(code ? p.binary.one : 0u);
           continue;
         }
         out[i] = comet_codes::argmax_index_at(code, ph, pw, g);
@@ -317,7 +320,7 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
   } else {
 #ifndef CPU_ONLY
     CometCodesUnpackGpu(static_cast<const uint32_t*>(p.data()), p.count(), p.code_bits, argmax,
-                        p.pool, out, &popcount);
+                        p.pool, p.binary, out, &popcount);
 #else
     NO_GPU;
 #endif
@@ -332,14 +335,16 @@ shared_ptr<CometPayload> CometEncodeArgmax(const int* idx, size_t count,
                                            const std::string& name) {
   const int bits = comet_codes::bits_for(g.kernel_h * g.kernel_w);
   if (bits == 0) return shared_ptr<CometPayload>();  // a window of more than 65536 values
-  return EncodeCodes(CometPayload::ARGMAX, idx, count, bits, g, on_device, name);
+  const comet_codes::BinaryRule unused = {0, 1};
+  return EncodeCodes(CometPayload::ARGMAX, idx, count, bits, g, unused, on_device, name);
 }
 
-shared_ptr<CometPayload> CometEncodeBinary(const unsigned int* v, size_t count, bool on_device,
+shared_ptr<CometPayload> CometEncodeBinary(const unsigned int* v, size_t count,
+                                           const comet_codes::BinaryRule& rule, bool on_device,
                                            const std::string& name) {
   comet_codes::PoolGeometry none = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0};
   return EncodeCodes(CometPayload::BINARY, reinterpret_cast<const int32_t*>(v), count, 1, none,
-                     on_device, name);
+                     rule, on_device, name);
 }
 
 bool CometReluBackward(const CometPayload& mask, const float* top_diff, float* bottom_diff,

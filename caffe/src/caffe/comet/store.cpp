@@ -298,7 +298,9 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
                             CometLayerAccess<Dtype>::geometry(net_->layers()[e->layer].get()),
                             dev, e->blob);
     } else {
-      p = CometEncodeBinary(static_cast<const unsigned int*>(data), count, dev, e->blob);
+      Layer<Dtype>* l = net_->layers()[e->layer].get();
+      p = CometEncodeBinary(static_cast<const unsigned int*>(data), count,
+                            CometLayerAccess<Dtype>::dropout_rule(l, dev), dev, e->blob);
     }
     if (!p) {
       LOG_FIRST_N(WARNING, 10) << "COMET: " << e->blob << " holds a value its code cannot "

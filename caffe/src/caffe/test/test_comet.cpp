@@ -1,4 +1,5 @@
 // COMET-Caffe: tests of the activation store, its payloads and its error bounds (CPU).
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "gtest/gtest.h"
 
 #include "caffe/blob.hpp"
+#include "caffe/comet/codes.hpp"
 #include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/store.hpp"
@@ -439,7 +441,8 @@ TEST_F(CometPayloadTest, ArgmaxCodesRoundTripAndRefuseWhatTheyCannotHold) {
 TEST_F(CometPayloadTest, DropoutMaskIsOneBitPerValue) {
   std::vector<unsigned int> v(1000);
   for (size_t i = 0; i < v.size(); ++i) v[i] = (i * 7919) % 3 == 0;
-  shared_ptr<CometPayload> p = CometEncodeBinary(v.data(), v.size(), false, "m");
+  const comet_codes::BinaryRule cpu = {0u, 1u};
+  shared_ptr<CometPayload> p = CometEncodeBinary(v.data(), v.size(), cpu, false, "m");
   ASSERT_TRUE(p.get() != NULL);
   EXPECT_EQ(p->bytes(), 32u * 4);  // 1000 bits in 32 words
   std::vector<unsigned int> out(v.size(), 9);
@@ -447,7 +450,43 @@ TEST_F(CometPayloadTest, DropoutMaskIsOneBitPerValue) {
   ASSERT_TRUE(CometDecode(*p, out.data(), &error)) << error;
   EXPECT_TRUE(out == v);
   v[3] = 2;
-  EXPECT_TRUE(CometEncodeBinary(v.data(), v.size(), false, "m").get() == NULL);
+  EXPECT_TRUE(CometEncodeBinary(v.data(), v.size(), cpu, false, "m").get() == NULL);
+}
+
+// The GPU Dropout keeps raw random words and its backward asks mask > uint_thres_; the device
+// code (comet_codes::pack_codes/unpack_code, run here on the CPU as the kernels run them)
+// restores UINT_MAX or 0, which answer that question as the originals did: the gradient is the
+// same bit for bit. (A 0/1 restore would have zeroed every Dropout gradient on the GPU.)
+TEST_F(CometPayloadTest, DeviceDropoutCodesKeepTheThresholdTest) {
+  const size_t n = 999;
+  const float ratio = 0.3f, scale = 1.f / (1.f - ratio);
+  const comet_codes::BinaryRule gpu = {static_cast<uint32_t>(UINT_MAX * ratio), 0xffffffffu};
+  std::vector<int32_t> raw(n);
+  uint32_t state = 12345;
+  for (size_t i = 0; i < n; ++i) raw[i] = static_cast<int32_t>(state = state * 1664525u + 1013904223u);
+  raw[0] = static_cast<int32_t>(gpu.threshold);      // equal: dropped
+  raw[1] = static_cast<int32_t>(gpu.threshold + 1);  // just above: kept
+  const comet_codes::PoolGeometry none = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0};
+  std::vector<uint32_t> words(comet_codes::words(n, 1));
+  bool bad = false;
+  for (size_t w = 0; w < words.size(); ++w)
+    words[w] = comet_codes::pack_codes(raw.data(), n, 1, w, false, none, gpu, &bad);
+  EXPECT_FALSE(bad) << "raw words are all codable";
+  int kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t restored =
+        static_cast<uint32_t>(comet_codes::unpack_code(words.data(), i, 1, false, none, gpu));
+    const uint32_t original = static_cast<uint32_t>(raw[i]);
+    ASSERT_EQ(restored > gpu.threshold, original > gpu.threshold) << i;
+    const float top_diff = 0.37f * (i % 7) - 1.f;
+    const float want = top_diff * scale * (original > gpu.threshold);
+    const float got = top_diff * scale * (restored > gpu.threshold);
+    ASSERT_EQ(want, got) << i;
+    kept += restored > gpu.threshold;
+  }
+  EXPECT_GT(kept, 600);  // about 70% kept
+  EXPECT_LT(kept, 800);
+  EXPECT_EQ(comet_codes::unpack_code(words.data(), 0, 1, false, none, gpu), 0);
 }
 
 TEST_F(CometPayloadTest, HostPoolReusesFreedBlocksWithinThePeak) {
