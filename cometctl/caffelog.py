@@ -10,6 +10,11 @@ are read tolerantly: after "COMET <layer>:" come items separated by commas, semi
 "<number> <unit>" or "<size> -> <size>". Sizes become MiB (columns ending in _mb), times milliseconds
 (columns ending in _ms), "x" marks a ratio. Unknown items are kept under their own key; items without a
 number are ignored. A glog prefix before any line is fine.
+
+One log may hold several sessions of the same run: `cometctl train` appends a resumed run to its
+caffe.log after a marker line (`resume_marker`). What the earlier session logged at or after the
+iteration the run resumed from is dropped (the resumed session logs it again), and Seconds go on from
+where the earlier session stopped instead of counting the time in between.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ PAIR = re.compile(rf"^(?:(?P<key>[A-Za-z_][\w ./-]*?)\s*[:=]?\s*)?(?P<a>{NUMBER}
 SIZE_UNITS = {"b": 1 / 2**20, "kb": 1 / 1024, "kib": 1 / 1024, "mb": 1.0, "mib": 1.0, "gb": 1024.0,
               "gib": 1024.0, "tb": 2**20, "tib": 2**20}
 TIME_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "sec": 1e3}
+RESUMED = re.compile(r"^cometctl: resuming from (.+) at iteration (\d+)\s*$")
+
+
+def resume_marker(state, iteration: int | None) -> str:
+    """The line `cometctl train` writes into caffe.log before the output of a resumed session."""
+    return f"cometctl: resuming from {state} at iteration {iteration if iteration is not None else 0}"
 
 
 def _key(text: str) -> str:
@@ -78,7 +89,7 @@ def parse_comet_items(rest: str) -> dict[str, float]:
 
 @dataclass
 class Event:
-    kind: str  # "train" | "test" | "lr" | "comet" | "snapshot" | "fatal" | "done"
+    kind: str  # "train" | "test" | "lr" | "comet" | "snapshot" | "fatal" | "done" | "resumed"
     iteration: int
     values: dict = field(default_factory=dict)
     text: str = ""
@@ -99,6 +110,8 @@ class LogParser:
         self.comet: list[dict] = []
         self.snapshots: list[str] = []
         self.fatal: list[str] = []
+        self.started = False  # caffe logged an iteration in the current session
+        self._elapsed_before = 0.0  # seconds of the earlier sessions of a resumed run
 
     def _time(self, line: str) -> None:
         m = GLOG.match(line)
@@ -116,7 +129,17 @@ class LogParser:
         if self.start is None:
             self.start = t
         self.last = t
-        self.seconds = (t - self.start).total_seconds()
+        self.seconds = self._elapsed_before + (t - self.start).total_seconds()
+
+    def _resumed(self, iteration: int) -> None:
+        """A new session that goes on from `iteration`: forget what came at or after it."""
+        self.train = {k: v for k, v in self.train.items() if k < iteration}
+        self.test = {k: v for k, v in self.test.items() if k < iteration}
+        self.comet = [r for r in self.comet if r["NumIters"] < iteration]
+        self._elapsed_before = self.seconds
+        self.start = None
+        self.iteration = iteration
+        self.started = False
 
     def _row(self, table: dict, iteration: int) -> dict:
         row = table.get(iteration)
@@ -126,6 +149,10 @@ class LogParser:
 
     def feed(self, line: str) -> list[Event]:
         line = line.rstrip("\n")
+        m = RESUMED.match(line)
+        if m:
+            self._resumed(int(m[2]))
+            return [Event("resumed", int(m[2]), text=m[1])]
         self._time(line)
         events: list[Event] = []
         m = LR.search(line)
@@ -137,6 +164,7 @@ class LogParser:
         m = ITERATION.search(line)
         if m:
             self.iteration = int(m[1])
+            self.started = True
         m = NET_OUTPUT.search(line)
         if m and self.iteration >= 0:
             table = self.train if m[1].lower() == "train" else self.test

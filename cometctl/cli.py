@@ -154,15 +154,18 @@ def prepare_dogs(data_dir, archive, lists, size, jobs, synthetic, seed, val_frac
               help="Train on these GPUs (caffe's -gpu: 0, 0,1 or all) [default: as the solver says].")
 @click.option("--cpu", is_flag=True, help="Train on the CPU (a copy of the solver gets solver_mode: CPU).")
 @click.option("--snapshot", type=click.Path(dir_okay=False), default=None,
-              help="Resume from this .solverstate (e.g. the one written when a run was stopped with Ctrl-C).")
+              help="Resume from this .solverstate (e.g. the one written when a run was stopped with Ctrl-C). "
+                   "With --run-dir the folder it lies in, the run goes on there (same log and statistics).")
 @click.option("--iters", type=int, default=None, help="Stop after this many iterations (max_iter).")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Where the log, the solver as run and the snapshots go [default: runs/<time>-<model>].")
 def train(solver, gpu, cpu, snapshot, iters, run_dir):
     """Run the fork's `caffe train` from the repository root and show a compact view: iteration,
     loss, learning rate, test accuracy and COMET's compression figures. The full log, the adjusted
-    solver and the snapshots go to a run folder. Ctrl-C stops after writing a snapshot that --snapshot
-    resumes. Exits with caffe's status."""
+    solver and the snapshots go to a run folder. A GPU run is refused before it starts when no GPU is
+    usable (with the reason). Ctrl-C stops after writing a snapshot and prints the command that
+    resumes the run in the same folder (--snapshot with --run-dir); it exits 130. Otherwise exits with
+    caffe's status."""
     from .train import train as run
 
     sys.exit(run(solver, gpu=gpu, cpu=cpu, snapshot=snapshot, iters=iters, run_dir=run_dir))

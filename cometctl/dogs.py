@@ -7,6 +7,8 @@ Outputs in the data folder (default data/dogs, or data/synthetic with --syntheti
   mean.binaryproto       mean of train_lmdb, as compute_image_mean writes it
   skipped.txt            images that could not be decoded, with the reason
   prepare.json           what was prepared from what; a rerun with the same inputs does nothing
+  *.done.json            beside each LMDB and the mean: the record of a finished output (plan, count,
+                         digest); a rerun after an interruption verifies it and keeps the output
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Prepared:
     seconds: float = 0.0
     images_per_second: float = 0.0
     resumed_from: dict = field(default_factory=dict)  # split -> index a resumed conversion went on from
+    kept: list[str] = field(default_factory=list)  # finished outputs verified and kept from an earlier run
 
 
 def default_data_dir(synthetic: bool) -> Path:
@@ -269,7 +272,13 @@ def _prepare(data_dir: Path | None = None, archive: Path | None = None, lists: P
         results[part] = res
         converted += len(orders[part]) - res.resumed_from
     conv_seconds = time.perf_counter() - t_conv
-    imagedb.compute_mean(data_dir / "train_lmdb", data_dir / "mean.binaryproto")
+    kept = [f"{part}_lmdb" for part, res in results.items() if res.kept]
+    mean_path = data_dir / "mean.binaryproto"
+    if results["train"].kept and imagedb.mean_is_current(data_dir / "train_lmdb", mean_path):
+        console.print(f"mean image: kept {mean_path} (computed from this train LMDB earlier)")
+        kept.append(mean_path.name)
+    else:
+        imagedb.compute_mean(data_dir / "train_lmdb", mean_path)
 
     skipped = results["train"].skipped + results["val"].skipped
     bad = {n for n, _ in skipped}
@@ -288,7 +297,9 @@ def _prepare(data_dir: Path | None = None, archive: Path | None = None, lists: P
     os.replace(tmp, manifest_path)
 
     console.print(f"[green]prepared[/] {data_dir}: {results['train'].written} train, {results['val'].written} "
-                  f"val images, {len(classes)} classes, {rate:.0f} images/s, {seconds:.1f} s in all")
+                  f"val images, {len(classes)} classes, "
+                  + (f"{rate:.0f} images/s, " if converted or not kept else f"kept {', '.join(kept)}, ")
+                  + f"{seconds:.1f} s in all")
     if skipped:
         console.print(f"[yellow]skipped {len(skipped)} unreadable image(s)[/], listed in {data_dir / 'skipped.txt'}:")
         for n, why in skipped[:10]:
@@ -297,4 +308,4 @@ def _prepare(data_dir: Path | None = None, archive: Path | None = None, lists: P
             console.print(f"  ... and {len(skipped) - 10} more")
     return Prepared(data_dir, len(classes), results["train"].written, results["val"].written, skipped,
                     split_mode, seconds=seconds, images_per_second=rate,
-                    resumed_from={k: v.resumed_from for k, v in results.items()})
+                    resumed_from={k: v.resumed_from for k, v in results.items()}, kept=kept)

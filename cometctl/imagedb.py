@@ -9,8 +9,12 @@
   batch a sidecar "<name>.partial.json" records how far the ordered list is done and which images were
   skipped; a rerun with the same plan continues from there. An image that does not decode is skipped,
   counted and listed, never fatal.
+* A finished LMDB gets "<name>.done.json" beside it: the plan it was built for, its entry count and a
+  SHA-256 digest of its content (every key and value in key order). A rerun with the same plan verifies
+  count and digest and keeps the LMDB as it is; one that does not verify is rebuilt, with a message.
 * The mean image is computed from the finished LMDB as compute_image_mean computes it (float sums of the
-  uint8 bytes divided by the count) and written as a BlobProto with num=1, channels, height, width.
+  uint8 bytes divided by the count) and written as a BlobProto with num=1, channels, height, width. Its
+  "<mean>.done.json" names the digest of the LMDB it came from, so an unchanged LMDB keeps its mean.
 """
 
 from __future__ import annotations
@@ -162,6 +166,7 @@ class ConvertResult:
     written: int
     skipped: list[tuple[str, str]] = field(default_factory=list)
     resumed_from: int = 0
+    kept: bool = False  # a finished LMDB of the same plan was verified and kept as it was
 
 
 def _atomic_json(path: Path, obj) -> None:
@@ -172,6 +177,70 @@ def _atomic_json(path: Path, obj) -> None:
 
 def plan_digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def done_stamp(dest: Path) -> Path:
+    """The record written beside a finished output: <dest>.done.json."""
+    dest = Path(dest)
+    return dest.with_name(dest.name + ".done.json")
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def lmdb_digest(path: Path) -> tuple[int, str]:
+    """(entries, SHA-256 of every key and value in key order) of an LMDB: what it holds, not how its
+    pages happen to be laid out."""
+    import lmdb
+
+    h = hashlib.sha256()
+    n = 0
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
+    try:
+        with env.begin(buffers=True) as txn:
+            for key, value in txn.cursor():
+                h.update(len(key).to_bytes(4, "little"))
+                h.update(key)
+                h.update(len(value).to_bytes(8, "little"))
+                h.update(value)
+                n += 1
+    finally:
+        env.close()
+    return n, h.hexdigest()
+
+
+def verify_finished(dest: Path, plan: str) -> tuple[dict | None, str]:
+    """(its record, "") when `dest` is a finished LMDB of `plan` that still holds what was recorded when it
+    was finished; else (None, why it is rebuilt), why "" when there is nothing of this plan to keep."""
+    import lmdb
+
+    dest = Path(dest)
+    if not dest.exists():
+        return None, ""
+    stamp = _read_json(done_stamp(dest))
+    if not isinstance(stamp, dict) or "sha256" not in stamp or "entries" not in stamp:
+        return None, f"{dest} has no record of being finished ({done_stamp(dest).name}); rebuilding it"
+    if stamp.get("plan") != plan:
+        return None, ""  # made from other inputs or options: replaced, as before
+    try:
+        env = lmdb.open(str(dest), readonly=True, lock=False, subdir=True)
+        try:
+            entries = env.stat()["entries"]
+        finally:
+            env.close()
+        if entries != stamp["entries"]:
+            return None, (f"{dest} holds {entries} entries, but {stamp['entries']} were written when it was "
+                          f"finished; rebuilding it")
+        _, digest = lmdb_digest(dest)
+    except lmdb.Error as e:
+        return None, f"{dest} is not a readable LMDB ({e}); rebuilding it"
+    if digest != stamp["sha256"]:
+        return None, f"{dest} has changed since it was finished (its content digest differs); rebuilding it"
+    return stamp, ""
 
 
 def build_lmdb(source, entries: list[tuple[str, int]], dest: Path, size: int, jobs: int, label: str,
@@ -189,6 +258,16 @@ def build_lmdb(source, entries: list[tuple[str, int]], dest: Path, size: int, jo
     dest = Path(dest)
     partial = dest.with_name(dest.name + ".partial")
     sidecar = dest.with_name(dest.name + ".partial.json")
+    finished, why = verify_finished(dest, plan)
+    if finished:
+        if partial.exists():  # a conversion for other options, abandoned: this one stays
+            shutil.rmtree(partial)
+        sidecar.unlink(missing_ok=True)
+        console.print(f"{label}: kept {dest} (finished earlier; {finished['entries']} entries, digest verified)")
+        return ConvertResult(dest, finished["written"], [tuple(s) for s in finished.get("skipped", [])],
+                             len(entries), kept=True)
+    if why:
+        console.print(f"[yellow]{label}:[/] {why}")
     state = {"plan": plan, "done": 0, "written": 0, "skipped": []}
     if partial.exists():
         try:
@@ -257,6 +336,12 @@ def build_lmdb(source, entries: list[tuple[str, int]], dest: Path, size: int, jo
     if state["written"] == 0:
         raise CometError(f"{label}: none of the {len(entries)} images could be read "
                          f"(first error: {state['skipped'][0][1] if state['skipped'] else '?'})")
+    count, digest = lmdb_digest(partial)
+    if count != state["written"]:
+        raise CometError(f"{label}: {partial} holds {count} entries after writing {state['written']}; "
+                         f"remove it and run again")
+    stamp = done_stamp(dest)
+    stamp.unlink(missing_ok=True)  # from here on an older record would describe the wrong content
     if dest.exists():  # an older, different conversion: replace it only now that the new one is complete
         old = dest.with_name(dest.name + ".old")
         if old.exists():
@@ -266,6 +351,8 @@ def build_lmdb(source, entries: list[tuple[str, int]], dest: Path, size: int, jo
         shutil.rmtree(old)
     else:
         os.replace(partial, dest)
+    _atomic_json(stamp, {"plan": plan, "entries": count, "sha256": digest, "written": state["written"],
+                         "skipped": state["skipped"]})
     sidecar.unlink()
     return ConvertResult(dest, state["written"], [tuple(s) for s in state["skipped"]], start)
 
@@ -303,9 +390,30 @@ def datum_array(d) -> np.ndarray:
     return np.frombuffer(d.data, dtype=np.uint8).reshape(d.channels, d.height, d.width)
 
 
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def mean_is_current(lmdb_path: Path, dest: Path) -> bool:
+    """Whether `dest` is the mean that compute_mean wrote from the LMDB as it is now (both records agree
+    and the mean file is unchanged). The LMDB's own record must have been verified by the caller."""
+    source, mine = _read_json(done_stamp(lmdb_path)), _read_json(done_stamp(dest))
+    if not (isinstance(source, dict) and isinstance(mine, dict) and Path(dest).is_file()):
+        return False
+    return mine.get("source_sha256") == source.get("sha256") and mine.get("sha256") == _file_sha256(dest)
+
+
 def compute_mean(lmdb_path: Path, dest: Path) -> np.ndarray:
-    """Mean image of an LMDB written as compute_image_mean writes it; returns it as (C, H, W) float32."""
+    """Mean image of an LMDB written as compute_image_mean writes it; returns it as (C, H, W) float32.
+    When the LMDB has a done record, the mean gets one too, naming the LMDB's digest."""
     from .caffeproto import caffe_pb2
+
+    stamp = done_stamp(dest)
+    stamp.unlink(missing_ok=True)
 
     total = None
     count = 0
@@ -330,4 +438,8 @@ def compute_mean(lmdb_path: Path, dest: Path) -> np.ndarray:
     tmp = dest.with_name(dest.name + ".tmp")
     tmp.write_bytes(blob.SerializeToString())
     os.replace(tmp, dest)
+    source = _read_json(done_stamp(lmdb_path))
+    if isinstance(source, dict) and "sha256" in source:
+        _atomic_json(stamp, {"source": str(lmdb_path), "source_sha256": source["sha256"],
+                             "sha256": _file_sha256(dest)})
     return mean

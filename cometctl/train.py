@@ -5,26 +5,37 @@ A run folder (default runs/<YYYYmmdd-HHMMSS>-<model>) holds:
   train_val.prototxt the net as run (a copy, so the run stays reproducible when models/ changes)
   caffe.log         everything caffe printed
   snapshots/        <model>_iter_N.caffemodel / .solverstate
-  run.json          command, start, end, exit status, last iteration, snapshots
+  run.json          command, start, end, exit status, last iteration, snapshots (and earlier sessions)
 
 caffe runs with the repository root as its working directory, so relative paths in solvers and nets
 resolve as they do for `caffe train` started there. Ctrl-C asks caffe to stop; with
 snapshot_after_train (forced on in the copy) caffe then writes a snapshot that `--snapshot` resumes from.
 (caffe's `-sigint_effect snapshot` would snapshot and carry on training, so Ctrl-C would not stop it;
 we use `-sigint_effect stop`, and `-sighup_effect snapshot` for a snapshot without stopping: kill -HUP.)
+After Ctrl-C the command exits 130 (128 + SIGINT), names the iteration of the snapshot caffe wrote and
+prints the command that resumes the run: same solver, device, --iters and run folder. Resumed into its
+own run folder (--run-dir RUN --snapshot RUN/snapshots/...), a run goes on in the same caffe.log (after a
+marker line that `caffelog` reads) and the same <snapshot_prefix>_comet.csv, so `report` draws one run.
+
+A GPU run is checked before caffe starts (`device.gpu_problem`): no usable GPU is one line that says why
+and suggests --cpu. A caffe that stops before its first iteration is an error, with no report to suggest.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
 from datetime import datetime
 from pathlib import Path
 
-from .caffelog import LogParser
+from rich.markup import escape
+
+from .caffelog import GLOG, LogParser, resume_marker
 from .errors import CometError
 from .paths import REPO_ROOT
 from .ui import console, counting_progress
@@ -67,11 +78,35 @@ def _check_data(net, net_path: Path) -> None:
                 raise CometError(f"{net_path.name}: layer '{layer.name}' needs {m}, which does not exist; {hint}")
 
 
+STATE = re.compile(r"^(?P<prefix>.+)_iter_(?P<iter>\d+)\.solverstate(?:\.h5)?$")
+
+
+def snapshot_iteration(path: str | os.PathLike) -> int | None:
+    """runs/x/snapshots/m_iter_293.solverstate -> 293 (caffe's own naming); None for another name."""
+    m = STATE.match(Path(path).name)
+    return int(m["iter"]) if m else None
+
+
+def continues_run(run: Path, resume: Path | None) -> bool:
+    """Whether resuming from `resume` into the run folder `run` goes on with that run (the snapshot is one
+    of its own) rather than starting a new one."""
+    if resume is None:
+        return False
+    try:
+        return Path(resume).resolve().parent == (Path(run).resolve() / "snapshots")
+    except OSError:
+        return False
+
+
 def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = None, iters: int | None = None,
-                run_dir: str | os.PathLike | None = None, before_create=None) -> tuple[Path, Path, bool]:
+                run_dir: str | os.PathLike | None = None, before_create=None,
+                resume: Path | None = None) -> tuple[Path, Path, bool]:
     """Create the run folder with the adjusted solver and net; returns (run_dir, solver copy, uses_gpu).
 
-    `before_create(uses_gpu)` runs after every check and before anything is written (to find caffe)."""
+    `before_create(uses_gpu, param)` runs once the solver is read and before the data is checked or
+    anything is written (to find caffe and check the device). With `resume` a snapshot inside
+    `run_dir/snapshots`, the run folder is the one that made it: the run goes on there, with the same
+    snapshot prefix (so the fork's <prefix>_comet.csv goes on too)."""
     from .caffeproto import caffe_pb2, read_text_proto, write_text_proto
 
     if cpu and gpu is not None:
@@ -87,12 +122,13 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
     if not net_path.exists():
         raise CometError(f"{solver_path}: net {param.net} not found (relative paths start at {REPO_ROOT})")
     net = read_text_proto(net_path, pb2.NetParameter())
-    _check_data(net, net_path)
 
     uses_gpu = gpu is not None or (not cpu and param.solver_mode == pb2.SolverParameter.GPU)
-    if before_create:
-        before_create(uses_gpu)
+    if before_create:  # the device first: no point preparing data for a run that cannot start
+        before_create(uses_gpu, param)
+    _check_data(net, net_path)
     name = model_name(solver_path)
+    continuing = False
     if run_dir is None:
         base = REPO_ROOT / "runs" / f"{datetime.now():%Y%m%d-%H%M%S}-{name}"
         run = base
@@ -102,13 +138,19 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
             run = base.with_name(f"{base.name}-{n}")
     else:
         run = Path(run_dir).resolve()
-        if (run / "caffe.log").exists():
-            raise CometError(f"{run} already holds a run (caffe.log); choose another --run-dir")
+        continuing = continues_run(run, resume)
+        if (run / "caffe.log").exists() and not continuing:
+            raise CometError(f"{run} already holds a run (caffe.log); choose another --run-dir, or go on with "
+                             f"that run with --snapshot {run / 'snapshots'}/<model>_iter_<N>.solverstate")
     (run / "snapshots").mkdir(parents=True, exist_ok=True)
 
     shutil.copyfile(net_path, run / "train_val.prototxt")
     param.net = str(run / "train_val.prototxt")
-    param.snapshot_prefix = str(run / "snapshots" / name)
+    prefix = run / "snapshots" / name
+    m = STATE.match(Path(resume).name) if continuing else None
+    if m:
+        prefix = run / "snapshots" / m["prefix"]
+    param.snapshot_prefix = str(prefix)
     param.snapshot_after_train = True
     if cpu:
         param.solver_mode = pb2.SolverParameter.CPU
@@ -119,17 +161,28 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
     return run, copy, uses_gpu
 
 
-def _caffe_binary(uses_gpu: bool) -> Path:
+def _caffe_binary(uses_gpu: bool, gpu: str | None = None, solver_device: int = 0) -> Path:
+    """The caffe to run; for a GPU run, refused with the reason when no GPU is usable (device.py)."""
     from .paths import tool_path
 
     if not uses_gpu:
         return tool_path("caffe")
     try:
-        return tool_path("caffe", "cuda")
+        binary = tool_path("caffe", "cuda")
     except CometError:
         tool_path("caffe")  # nothing built at all: the plain "not built yet" message
-        raise CometError("the solver asks for the GPU (solver_mode: GPU or --gpu) but only the CPU build "
-                         "exists; pass --cpu, or build the CUDA variant with `cometctl build --cuda`") from None
+        binary = None  # only the CPU-only build
+    _check_gpu(binary, gpu, solver_device)
+    return binary
+
+
+def _check_gpu(binary: Path | None, gpu: str | None, solver_device: int = 0) -> None:
+    from . import device
+
+    why = device.gpu_problem(binary, gpu, solver_device=solver_device)
+    if why:
+        asked = f"--gpu {gpu}" if gpu is not None else "the solver (solver_mode: GPU)"
+        raise CometError(f"no usable GPU for {asked}: {why}; pass --cpu to train on the CPU")
 
 
 class _View:
@@ -181,9 +234,44 @@ class _View:
             console.print(f"[red]{ev.text}[/]")
 
 
+def resume_command(solver, state: Path, run: Path, max_iter: int, on_cpu: bool, gpu: str | None) -> str:
+    """The `cometctl train` line that goes on with this run from `state`: the same solver, device, number
+    of iterations and run folder."""
+    parts = ["cometctl", "train", "--solver", str(solver)]
+    if gpu is not None:
+        parts += ["--gpu", str(gpu)]
+    elif on_cpu:
+        parts.append("--cpu")
+    parts += ["--iters", str(max_iter), "--run-dir", str(run), "--snapshot", str(state)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _latest_state(run: Path, logged: list[str]) -> Path | None:
+    """The solver state to resume from: the last one caffe said it wrote in this session, else the
+    highest iteration in the run's snapshots/ folder."""
+    for p in reversed(logged):
+        if ".solverstate" in p and Path(p).exists():
+            return Path(p)
+    found = [(snapshot_iteration(p), p) for p in (run / "snapshots").glob("*.solverstate*")]
+    found = [(i, p) for i, p in found if i is not None]
+    return max(found)[1] if found else None
+
+
+def _why_it_stopped(parser: LogParser, tail: list[str]) -> str:
+    """The first fatal line caffe printed, without glog's prefix, else its last line."""
+    lines = parser.fatal or [t for t in tail if t.strip()][-1:]
+    if not lines:
+        return "it printed nothing"
+    text = lines[0].strip()
+    m = GLOG.match(text)
+    if m:
+        text = text[m.end():].split("] ", 1)[-1]
+    return text
+
+
 def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iters: int | None = None,
           run_dir=None, caffe_bin: str | os.PathLike | None = None) -> int:
-    """Run one training; returns caffe's exit status (128+N when a signal N ended it)."""
+    """Run one training; returns caffe's exit status (128+N when a signal N ended it; 130 after Ctrl-C)."""
     resume = None
     if snapshot:
         resume = _resolve_input(snapshot)
@@ -192,11 +280,18 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
                              f"solver state; a .caffemodel holds only weights)")
     found = {}
 
-    def find_caffe(uses_gpu: bool) -> None:
-        found["binary"] = Path(caffe_bin) if caffe_bin else _caffe_binary(uses_gpu)
+    def find_caffe(uses_gpu: bool, param) -> None:
+        device_id = param.device_id if param.HasField("device_id") else 0
+        if caffe_bin:
+            found["binary"] = Path(caffe_bin)
+            if uses_gpu:
+                _check_gpu(found["binary"], gpu, device_id)
+        else:
+            found["binary"] = _caffe_binary(uses_gpu, gpu, device_id)
 
     run, solver_copy, uses_gpu = prepare_run(solver, cpu=cpu, gpu=gpu, iters=iters, run_dir=run_dir,
-                                             before_create=find_caffe)
+                                             before_create=find_caffe, resume=resume)
+    continuing = continues_run(run, resume)
     binary = found["binary"]
     cmd = [str(binary), "train", "-solver", str(solver_copy), "-sigint_effect", "stop",
            "-sighup_effect", "snapshot"]
@@ -209,14 +304,26 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
 
     max_iter = read_text_proto(solver_copy, caffe_pb2().SolverParameter()).max_iter
     env = dict(os.environ, GLOG_logtostderr="1", GLOG_minloglevel="0")  # the view and report need INFO lines
+    earlier = []
+    if continuing:
+        try:
+            old = json.loads((run / "run.json").read_text())
+            earlier = old.pop("earlier_sessions", []) + [old]
+        except (OSError, ValueError):
+            pass
     info = {"command": cmd, "cwd": str(REPO_ROOT), "solver": str(_resolve_input(solver)),
             "started": datetime.now().isoformat(timespec="seconds"), "mode": "GPU" if uses_gpu else "CPU"}
+    if resume:
+        info["resumed_from"] = str(resume)
+    if earlier:
+        info["earlier_sessions"] = earlier
     (run / "run.json").write_text(json.dumps(info, indent=1))
-    console.print(f"run folder: {run}")
-    console.print("$ " + " ".join(cmd))
+    console.print(f"run folder: {run}" + (" (going on with the run there)" if continuing else ""))
+    console.print("$ " + " ".join(cmd), markup=False, soft_wrap=True)
 
     parser, view = LogParser(), _View(max_iter)
     interrupts = 0
+    tail: list[str] = []
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, errors="replace", start_new_session=True)
 
@@ -236,12 +343,17 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        with open(run / "caffe.log", "w") as log, \
+        with open(run / "caffe.log", "a" if continuing else "w") as log, \
                 counting_progress(transient=True, disable=not console.is_terminal) as prog:
+            if continuing:
+                marker = resume_marker(resume, snapshot_iteration(resume))
+                log.write(marker + "\n")
+                parser.feed(marker)
             task = prog.add_task("training", total=max_iter or None, rate="")
             for line in proc.stdout:
                 log.write(line)
                 log.flush()
+                tail = (tail + [line.rstrip("\n")])[-20:]
                 for ev in parser.feed(line):
                     view.show(ev, parser)
                 if parser.iteration >= 0:
@@ -255,17 +367,36 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
             proc.kill()
             proc.wait()
     code = status if status >= 0 else 128 - status
-    states = sorted((run / "snapshots").glob("*.solverstate*"), key=lambda p: p.stat().st_mtime)
+    if code == 0 and interrupts:
+        code = 128 + signal.SIGINT  # stopped by Ctrl-C: caffe itself exits 0 after its snapshot
+    state = _latest_state(run, parser.snapshots)
+    logged = [p for p in parser.snapshots if ".solverstate" in p and Path(p).exists()]
+    reached = snapshot_iteration(logged[-1]) if logged else None
+    if reached is None:
+        reached = parser.iteration
     info.update(ended=datetime.now().isoformat(timespec="seconds"), exit_status=code,
-                last_iteration=parser.iteration, interrupted=interrupts > 0,
+                last_iteration=reached, interrupted=interrupts > 0,
                 snapshots=[str(p) for p in sorted((run / "snapshots").iterdir())])
     (run / "run.json").write_text(json.dumps(info, indent=1))
+    log_path = run / "caffe.log"
 
+    if not parser.started:
+        if code == 0:
+            console.print(f"[green]done[/]: nothing to train (already at iteration {reached}); log {log_path}")
+            return code
+        if interrupts:
+            raise CometError(f"interrupted before training started (exit status {code}); full log: {log_path}",
+                             exit_code=code)
+        raise CometError(f"caffe stopped before training started (exit status {code}): "
+                         f"{_why_it_stopped(parser, tail)}; full log: {log_path}", exit_code=code)
     if code == 0:
-        console.print(f"[green]done[/] after iteration {parser.iteration}; log {run / 'caffe.log'}")
+        console.print(f"[green]done[/] after iteration {reached}; log {log_path}")
+    elif interrupts and logged:
+        console.print(f"[yellow]stopped[/] at iteration {reached}; snapshot {escape(logged[-1])}")
     else:
-        console.print(f"[red]caffe exited with status {code}[/]; full log: {run / 'caffe.log'}")
-    if states:
-        console.print(f"resume with: cometctl train --solver {solver} --snapshot {states[-1]}")
-    console.print(f"plots: cometctl report {run}")
+        console.print(f"[red]caffe exited with status {code}[/]; full log: {log_path}")
+    if state is not None and (code != 0 or reached < max_iter):
+        console.print("resume with: " + resume_command(solver, state, run, max_iter, not uses_gpu, gpu),
+                      markup=False, soft_wrap=True)
+    console.print(f"plots: cometctl report {run}", markup=False, soft_wrap=True)
     return code

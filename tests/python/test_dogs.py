@@ -244,6 +244,101 @@ def test_interrupted_conversion_resumes_and_equals_a_clean_run(tmp_path, wf_pb2,
     assert (out / "mean.binaryproto").read_bytes() == (clean / "mean.binaryproto").read_bytes()
 
 
+def _identity(lmdb_dir: Path):
+    """What says an LMDB was not rewritten: inodes and mtimes of the folder and its data file, and its bytes."""
+    data = lmdb_dir / "data.mdb"
+    return (lmdb_dir.stat().st_ino, data.stat().st_ino, data.stat().st_mtime_ns, data.read_bytes())
+
+
+def _datums(lmdb_dir: Path):
+    return [(k, d.SerializeToString()) for k, d in imagedb.iter_datums(lmdb_dir)]
+
+
+def test_a_finished_lmdb_is_kept_after_an_interruption(tmp_path, wf_pb2, wf_synthetic_archives, monkeypatch,
+                                                      capsys):
+    """Issue 15, 4: interrupted once the train LMDB was complete, the rerun verifies it and keeps it."""
+    images, lists = wf_synthetic_archives
+    out = tmp_path / "out"
+    build = imagedb.build_lmdb
+
+    def interrupted_at_val(source, entries, dest, *args, **kwargs):
+        if Path(dest).name == "val_lmdb":
+            raise KeyboardInterrupt  # the user's Ctrl-C just after train_lmdb was finished
+        return build(source, entries, dest, *args, **kwargs)
+
+    monkeypatch.setattr(imagedb, "build_lmdb", interrupted_at_val)
+    with pytest.raises(CometError, match="interrupted"):
+        dogs.prepare_dogs(out, archive=images, lists=lists, size=32, jobs=1)
+    monkeypatch.setattr(imagedb, "build_lmdb", build)
+    assert (out / "train_lmdb").is_dir() and not (out / "val_lmdb").exists() and not (out / "prepare.json").exists()
+    before = _identity(out / "train_lmdb")
+    capsys.readouterr()
+
+    r = dogs.prepare_dogs(out, archive=images, lists=lists, size=32, jobs=1)
+    assert _identity(out / "train_lmdb") == before, "the finished train LMDB was rewritten"
+    assert r.kept == ["train_lmdb"] and (r.train, r.val) == (400, 200) and not r.up_to_date
+    assert r.resumed_from == {"train": 400, "val": 0}
+    assert "kept" in capsys.readouterr().err
+    for f in ("val_lmdb", "mean.binaryproto", "train.txt", "val.txt", "synset_words.txt", "prepare.json"):
+        assert (out / f).exists(), f
+    clean = tmp_path / "clean"
+    dogs.prepare_dogs(clean, archive=images, lists=lists, size=32, jobs=1)
+    for part in ("train_lmdb", "val_lmdb"):
+        assert _datums(out / part) == _datums(clean / part)
+    for f in ("mean.binaryproto", "train.txt", "val.txt", "synset_words.txt"):
+        assert (out / f).read_bytes() == (clean / f).read_bytes(), f
+    assert dogs.prepare_dogs(out, archive=images, lists=lists, size=32, jobs=1).up_to_date
+
+
+def test_finished_outputs_are_verified_and_rebuilt_when_they_do_not_verify(tmp_path, wf_pb2,
+                                                                         wf_synthetic_archives, capsys):
+    import lmdb
+
+    images, lists = wf_synthetic_archives
+    out = tmp_path / "out"
+    dogs.prepare_dogs(out, archive=images, lists=lists, size=32, jobs=1)
+    good = {part: _datums(out / part) for part in ("train_lmdb", "val_lmdb")}
+    mean = (out / "mean.binaryproto").read_bytes()
+    stamp = json.loads((out / "train_lmdb.done.json").read_text())
+    assert stamp["entries"] == 400 and stamp["sha256"] == imagedb.lmdb_digest(out / "train_lmdb")[1]
+
+    def again():
+        (out / "prepare.json").unlink()  # what an interruption after the LMDBs leaves: not "prepared"
+        capsys.readouterr()
+        r = dogs.prepare_dogs(out, archive=images, lists=lists, size=32, jobs=1)
+        return r, " ".join(capsys.readouterr().err.split())
+
+    # untouched: both LMDBs and the mean are kept, nothing rewritten
+    ids = {part: _identity(out / part) for part in ("train_lmdb", "val_lmdb")}
+    mean_mtime = (out / "mean.binaryproto").stat().st_mtime_ns
+    r, _ = again()
+    assert r.kept == ["train_lmdb", "val_lmdb", "mean.binaryproto"]
+    assert {part: _identity(out / part) for part in ids} == ids
+    assert (out / "mean.binaryproto").stat().st_mtime_ns == mean_mtime
+
+    def edit(change):
+        env = lmdb.open(str(out / "train_lmdb"), subdir=True)
+        with env.begin(write=True) as txn:
+            change(txn, next(iter(txn.cursor()))[0])
+        env.close()
+
+    cases = [
+        (lambda: edit(lambda txn, key: txn.delete(key)), "holds 399 entries, but 400 were written"),
+        (lambda: edit(lambda txn, key: txn.put(key, b"x" + bytes(txn.get(key))[1:])),
+         "has changed since it was finished (its content digest differs)"),
+        (lambda: (out / "train_lmdb.done.json").unlink(), "has no record of being finished"),
+    ]
+    for damage, message in cases:
+        damage()
+        r, shown = again()
+        assert f"{out / 'train_lmdb'} " + message in shown and "rebuilding it" in shown, shown
+        assert r.kept == ["val_lmdb"] and r.resumed_from["train"] == 0
+        assert _datums(out / "train_lmdb") == good["train_lmdb"]
+        assert _datums(out / "val_lmdb") == good["val_lmdb"]
+        assert (out / "mean.binaryproto").read_bytes() == mean  # recomputed from the rebuilt LMDB
+        assert not (out / "train_lmdb.partial").exists() and (out / "train_lmdb.done.json").exists()
+
+
 def test_truncated_archive_is_refused(tmp_path, wf_synthetic_archives):
     data = wf_synthetic_archives[0].read_bytes()
     (tmp_path / "half.tar").write_bytes(data[: len(data) // 2 + 100])
@@ -303,7 +398,8 @@ def test_other_options_rebuild_and_replace_the_outputs(tmp_path, wf_pb2, wf_synt
     assert not r.up_to_date
     _, d = next(imagedb.iter_datums(tmp_path / "o" / "train_lmdb"))
     assert (d.height, d.width) == (24, 24)
-    assert sorted(p.name for p in (tmp_path / "o").iterdir() if "lmdb" in p.name) == ["train_lmdb", "val_lmdb"]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir() if "lmdb" in p.name) == [
+        "train_lmdb", "train_lmdb.done.json", "val_lmdb", "val_lmdb.done.json"]
     assert dogs.prepare_dogs(tmp_path / "o", archive=archive, size=24, jobs=1).up_to_date
 
 

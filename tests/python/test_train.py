@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -59,8 +61,8 @@ def test_bad_requests_are_one_line_errors(tmp_path, wf_pb2, monkeypatch):
         tr.prepare_run(solver, cpu=True, run_dir=tmp_path / "b")
     with pytest.raises(CometError, match="solverstate"):
         tr.train(solver, snapshot=solver)
-    # a GPU solver on a CPU-only build
-    from cometctl import paths
+    # a GPU solver on a CPU-only build (and, here, no driver either)
+    from cometctl import device, paths
 
     def only_cpu(name, variant=None, override=None):
         if variant == "cuda":
@@ -68,7 +70,9 @@ def test_bad_requests_are_one_line_errors(tmp_path, wf_pb2, monkeypatch):
         return Path("/bin/true")
 
     monkeypatch.setattr(paths, "tool_path", only_cpu)
-    with pytest.raises(CometError, match="only the CPU build"):
+    monkeypatch.setattr(device, "DEV_DIR", tmp_path / "no-dev")
+    monkeypatch.setattr(device, "load_driver", _no_driver)
+    with pytest.raises(CometError, match="only the CPU-only build"):
         tr._caffe_binary(uses_gpu=True)
     gpu_solver = tmp_path / "gpu.prototxt"
     gpu_solver.write_text(f'net: "{REPO}/models/comet_tiny/deploy.prototxt"\nmax_iter: 1\nsolver_mode: GPU\n')
@@ -77,6 +81,10 @@ def test_bad_requests_are_one_line_errors(tmp_path, wf_pb2, monkeypatch):
     assert not (tmp_path / "never").exists()  # refused before anything was written
     r = CliRunner().invoke(main, ["train", "--solver", str(tmp_path / "nope.prototxt")])
     assert r.exit_code != 0 and "Traceback" not in r.output and "no such file" in r.output
+
+
+def _no_driver():
+    raise OSError("libcuda.so.1: cannot open shared object file: No such file or directory")
 
 
 FAKE_CAFFE = textwrap.dedent("""\
@@ -126,43 +134,235 @@ def test_short_cpu_run_trains_from_the_lmdb_and_loss_falls(wf_short_run):
     assert json.loads((wf_short_run / "run.json").read_text())["exit_status"] == 0
 
 
+def _cometctl() -> str:
+    return str(Path(sys.executable).parent / "cometctl")
+
+
 @WF_NEEDS_BUILD
-def test_ctrl_c_snapshots_and_snapshot_resumes(tmp_path, wf_pb2, wf_synthetic):
+def test_ctrl_c_exits_130_names_the_snapshot_and_its_resume_line_goes_on_in_the_same_folder(
+        tmp_path, wf_pb2, wf_synthetic):
+    """Issue 15, 3: Ctrl-C is status 130 and names the iteration of the snapshot caffe wrote; the printed
+    line resumes on the same device, to the same --iters, in the same run folder, whose caffe.log and
+    COMET statistics go on so that report sees one run."""
+    from cometctl.report import report
+
     solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m",
                                display=1, test_interval=100000, test_initialization=False, snapshot=0)
-    run = tmp_path / "run"
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "cometctl"), "train", "--solver", str(solver), "--cpu",
-                             "--iters", "100000", "--run-dir", str(run)],
+    run, iters = tmp_path / "run", 60
+    proc = subprocess.Popen([_cometctl(), "train", "--solver", str(solver), "--cpu", "--iters", str(iters),
+                             "--run-dir", str(run)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
             log = run / "caffe.log"
             if log.exists() and "Iteration 5," in log.read_text():
                 break
-            time.sleep(0.2)
+            time.sleep(0.1)
         else:
             pytest.fail("training did not reach iteration 5")
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, out
+    assert proc.returncode == 130, out
     assert "Traceback" not in out
     states = list((run / "snapshots").glob("*.solverstate"))
     assert len(states) == 1, out
-    stopped_at = int(states[0].stem.rsplit("_", 1)[1])
-    assert 5 <= stopped_at < 100000
-    assert json.loads((run / "run.json").read_text())["interrupted"] is True
+    stopped_at = tr.snapshot_iteration(states[0])
+    assert 5 <= stopped_at < iters, out
+    assert f"stopped at iteration {stopped_at};" in " ".join(out.split()), out
+    info = json.loads((run / "run.json").read_text())
+    assert info["interrupted"] is True and info["exit_status"] == 130 and info["last_iteration"] == stopped_at
 
-    code = tr.train(solver, cpu=True, snapshot=states[0], iters=stopped_at + 3, run_dir=tmp_path / "resumed")
+    resume = [line for line in out.splitlines() if line.startswith("resume with: ")]
+    assert len(resume) == 1, out
+    argv = shlex.split(resume[0][len("resume with: "):])
+    assert argv[:4] == ["cometctl", "train", "--solver", str(solver)], argv
+    assert "--cpu" in argv and argv[argv.index("--iters") + 1] == str(iters)
+    assert argv[argv.index("--run-dir") + 1] == str(run) and argv[argv.index("--snapshot") + 1] == str(states[0])
+
+    first = (run / "caffe.log").read_text()
+    r = subprocess.run([_cometctl(), *argv[1:]], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (run / "caffe.log").read_text()
+    assert log.startswith(first), "the resumed session must append to the run's caffe.log"
+    assert f"Resuming from {states[0]}" in log and log.count("Starting Optimization") == 2
+    assert log.count("Optimization stopped early") == 1 and log.rstrip().endswith("Optimization Done.")
+    assert f"done after iteration {iters}" in " ".join(r.stderr.split())
+    assert (run / "snapshots" / f"m_iter_{iters}.solverstate").exists()
+    # one continuous run: every iteration once, in order, across both sessions
+    assert [row["NumIters"] for row in parse_file(run / "caffe.log").train_rows()] == list(range(iters))
+    report(run)
+    with open(run / "report" / "train.csv") as f:
+        assert [int(row["NumIters"]) for row in csv.DictReader(f)] == list(range(iters))
+    # the fork's statistics file goes on in the same series
+    with open(run / "snapshots" / "m_comet.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sum(1 for line in (run / "snapshots" / "m_comet.csv").read_text().splitlines()
+               if line.startswith("iter,")) == 1
+    totals = [int(row["iter"]) for row in rows if row["layer"] == "total"]
+    assert totals == sorted(set(totals)) and totals[0] < stopped_at <= totals[-1], totals
+    info = json.loads((run / "run.json").read_text())
+    assert info["exit_status"] == 0 and info["resumed_from"] == str(states[0])
+    assert [s["exit_status"] for s in info["earlier_sessions"]] == [130]
+
+    # a snapshot can also start a new run folder, which goes on from the snapshot's iteration
+    code = tr.train(solver, cpu=True, snapshot=states[0], iters=stopped_at + 2, run_dir=tmp_path / "other")
     assert code == 0
-    log = (tmp_path / "resumed" / "caffe.log").read_text()
-    assert f"Resuming from {states[0]}" in log
-    iters = [r["NumIters"] for r in parse_file(tmp_path / "resumed" / "caffe.log").train_rows()]
-    assert iters[0] == stopped_at, iters  # it went on from the snapshot, not from 0
-    assert (tmp_path / "resumed" / "snapshots" / f"m_iter_{stopped_at + 3}.solverstate").exists()
+    rows = parse_file(tmp_path / "other" / "caffe.log").train_rows()
+    assert [row["NumIters"] for row in rows] == [stopped_at, stopped_at + 1]
+    assert (tmp_path / "other" / "snapshots" / f"m_iter_{stopped_at + 2}.solverstate").exists()
+    assert (tmp_path / "other" / "snapshots" / "m_comet.csv").exists()
+
+
+def test_a_run_folder_that_holds_a_run_takes_only_its_own_snapshots(tmp_path, wf_pb2, wf_synthetic):
+    solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m")
+    run, _, _ = tr.prepare_run(solver, cpu=True, iters=7, run_dir=tmp_path / "run")
+    (run / "caffe.log").write_text("")
+    state = run / "snapshots" / "m_iter_3.solverstate"
+    state.write_bytes(b"")
+    foreign = tmp_path / "elsewhere" / "m_iter_3.solverstate"
+    foreign.parent.mkdir()
+    foreign.write_bytes(b"")
+    with pytest.raises(CometError, match="already holds a run.*--snapshot"):
+        tr.prepare_run(solver, cpu=True, iters=9, run_dir=run)
+    with pytest.raises(CometError, match="already holds a run"):
+        tr.prepare_run(solver, cpu=True, iters=9, run_dir=run, resume=foreign)
+    _, copy, _ = tr.prepare_run(solver, cpu=True, iters=9, run_dir=run, resume=state)
+    from cometctl.caffeproto import read_text_proto
+
+    p = read_text_proto(copy, wf_pb2.SolverParameter())
+    assert p.max_iter == 9 and p.snapshot_prefix == str(run / "snapshots" / "m")
+
+
+def test_resume_line_reproduces_device_iterations_and_folder(tmp_path):
+    state = tmp_path / "run dir" / "snapshots" / "m_iter_293.solverstate"
+    line = tr.resume_command("models/x/solver.prototxt", state, tmp_path / "run dir", 500, True, None)
+    assert shlex.split(line) == ["cometctl", "train", "--solver", "models/x/solver.prototxt", "--cpu",
+                                 "--iters", "500", "--run-dir", str(tmp_path / "run dir"),
+                                 "--snapshot", str(state)]
+    line = tr.resume_command("s.prototxt", state, tmp_path, 500, False, "0,1")
+    assert shlex.split(line)[3:6] == ["s.prototxt", "--gpu", "0,1"] and "--cpu" not in line
+    assert tr.snapshot_iteration(state) == 293 and tr.snapshot_iteration("m_iter_7.solverstate.h5") == 7
+    assert tr.snapshot_iteration("weights.caffemodel") is None
+
+
+def test_a_resumed_log_reads_as_one_run():
+    """The marker `cometctl train` writes before a resumed session: what the earlier session logged from
+    the resume point on is replaced by the new session, and time does not count the pause."""
+    from cometctl.caffelog import LogParser, resume_marker
+
+    def step(it, sec, loss):
+        return [f"I1130 10:00:{sec:02d}.000000 1 solver.cpp:218] Iteration {it} (1 iter/s), loss = {loss}",
+                f"I1130 10:00:{sec:02d}.000000 1 solver.cpp:237]     Train net output #0: loss = {loss}",
+                f"I1130 10:00:{sec:02d}.000000 1 sgd_solver.cpp:105] Iteration {it}, lr = 0.01",
+                f"I1130 10:00:{sec:02d}.100000 1 store.cpp:1] COMET total: ratio 9.5x"]
+
+    lines = [line for it in range(8) for line in step(it, it, 2.0)]  # the first session went on to 7
+    lines.append(resume_marker("/r/snapshots/m_iter_5.solverstate", 5))  # resumed from an earlier snapshot
+    lines += [line.replace("10:00:", "11:00:") for it in range(5, 10) for line in step(it, it, 1.0)]
+    p = LogParser()
+    for line in lines:
+        p.feed(line)
+    rows = p.train_rows()
+    assert [r["NumIters"] for r in rows] == list(range(10))
+    assert [r["loss"] for r in rows] == [2.0] * 5 + [1.0] * 5
+    assert [r["NumIters"] for r in p.comet] == list(range(10))
+    seconds = [r["Seconds"] for r in rows]
+    assert seconds == sorted(seconds) and seconds[-1] < 20, seconds  # not the hour in between
+    assert p.started
+
+
+FAILS_TO_START = textwrap.dedent("""\
+    import os, sys
+    print("I1201 10:00:00.000000 1 caffe.cpp:204] Using GPUs 0", flush=True)
+    print("F1201 10:00:00.100000 1 common.cpp:152] Check failed: error == cudaSuccess (35 vs. 0)  CUDA "
+          "driver version is insufficient for CUDA runtime version", flush=True)
+    print("*** Check failure stack trace: ***", flush=True)
+    print("    @     0x7f2a1c0b2b03  google::LogMessage::Fail()", flush=True)
+    os.abort()
+""")
+
+
+def test_a_run_that_fails_to_start_is_one_error_without_a_report_hint(tmp_path, wf_pb2, wf_synthetic, capsys):
+    fake = tmp_path / "fake_caffe"
+    fake.write_text(f"#!{sys.executable}\n" + FAILS_TO_START)
+    fake.chmod(0o755)
+    solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m")
+    with pytest.raises(CometError, match=r"before training started \(exit status 134\): Check failed: error == "
+                                         r"cudaSuccess.*full log") as e:
+        tr.train(solver, cpu=True, run_dir=tmp_path / "run", caffe_bin=fake)
+    assert e.value.exit_code == 134
+    shown = capsys.readouterr().err
+    assert "cometctl report" not in shown and "resume with" not in shown
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["exit_status"] == 134
+    assert "stack trace" in (tmp_path / "run" / "caffe.log").read_text()  # all of it is in the log
+
+
+def _fake_cuda_build(tmp_path: Path, cuda: str = "13.0") -> Path:
+    cmake = tmp_path / "cuda-build" / "cmake"
+    (cmake / "tools").mkdir(parents=True)
+    (cmake / "CMakeCache.txt").write_text(f"CPU_ONLY:BOOL=OFF\nCUDA_VERSION:STRING={cuda}\n")
+    (cmake / "tools" / "caffe").write_text("#!/bin/sh\nexit 99\n")
+    (cmake / "tools" / "caffe").chmod(0o755)
+    return cmake / "tools" / "caffe"
+
+
+@pytest.mark.parametrize("builds", ["cuda", "cpu-only"])
+def test_gpu_solver_without_a_gpu_is_one_line_that_suggests_cpu(tmp_path, wf_pb2, monkeypatch, builds):
+    """Issue 15, 8: the shipped CaffeNet solver (solver_mode: GPU) on a machine without a GPU, before
+    anything starts (and before its data would be asked for)."""
+    from cometctl import device, paths
+
+    cuda_caffe = _fake_cuda_build(tmp_path)
+
+    def tools(name, variant=None, override=None):
+        if variant == "cuda" and builds != "cuda":
+            raise CometError("'caffe' is not built yet")
+        return cuda_caffe if variant == "cuda" else Path("/bin/true")  # /bin/true: the CPU-only build
+
+    monkeypatch.setattr(paths, "tool_path", tools)
+    monkeypatch.setattr(device, "DEV_DIR", tmp_path / "dev")  # an empty /dev: no nvidia* files
+    (tmp_path / "dev").mkdir()
+    monkeypatch.setattr(device, "load_driver", _no_driver)
+    r = CliRunner().invoke(main, ["train", "--solver", "models/bvlc_reference_caffenet/solver.prototxt",
+                                  "--run-dir", str(tmp_path / "never")])
+    assert r.exit_code == 1, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("cometctl: error: no usable GPU"), r.output
+    assert "no NVIDIA driver" in lines[0] and "pass --cpu" in lines[0]
+    if builds == "cpu-only":
+        assert "only the CPU-only build" in lines[0]
+    assert "report" not in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "never").exists()
+
+
+def test_gpu_problems_stop_before_caffe_starts(tmp_path, wf_pb2, wf_synthetic, monkeypatch, capsys):
+    """With the data ready and a CUDA build, the driver decides; a usable GPU lets caffe start."""
+    from cometctl import device
+    from test_device import FakeDriver
+
+    solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m",
+                               solver_mode=wf_pb2.SolverParameter.GPU)
+    fake = _fake_cuda_build(tmp_path)  # exits 99 at once if it is started
+    monkeypatch.setattr(device, "load_driver", lambda: FakeDriver(init=device.CUDA_ERROR_NO_DEVICE))
+    with pytest.raises(CometError, match=r"no usable GPU for the solver \(solver_mode: GPU\): .*no CUDA device.*"
+                                         r"pass --cpu"):
+        tr.train(solver, run_dir=tmp_path / "a", caffe_bin=fake)
+    monkeypatch.setattr(device, "load_driver", lambda: FakeDriver(count=1))
+    with pytest.raises(CometError, match="no usable GPU for --gpu 1: there is no GPU 1"):
+        tr.train(solver, gpu="1", run_dir=tmp_path / "b", caffe_bin=fake)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    capsys.readouterr()
+    with pytest.raises(CometError, match=r"before training started \(exit status 99\)") as e:
+        tr.train(solver, gpu="0", run_dir=tmp_path / "c", caffe_bin=fake)
+    assert e.value.exit_code == 99 and "cometctl report" not in capsys.readouterr().err
+    # --cpu needs no GPU: nothing is asked of the driver
+    monkeypatch.setattr(device, "load_driver", _no_driver)
+    with pytest.raises(CometError, match="exit status 99"):
+        tr.train(solver, cpu=True, run_dir=tmp_path / "d", caffe_bin=fake)
 
 
 def test_help_explains():
