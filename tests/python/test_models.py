@@ -14,7 +14,9 @@ from conftest import WF_REPO as REPO, WF_NEEDS_BUILD, wf_point_model_at
 
 MODELS = REPO / "models"
 PROTOTXTS = sorted(MODELS.glob("*/*.prototxt"))
-EXPECTED = {"comet_tiny": ("data/synthetic", 10, 56), "bvlc_reference_caffenet": ("data/dogs", 120, 227)}
+EXPECTED = {"comet_tiny": ("data/synthetic", 10, 56), "bvlc_reference_caffenet": ("data/dogs", 120, 227),
+            "resnet18_dogs": ("data/dogs", 120, 224)}
+GPU_MODELS = {"bvlc_reference_caffenet", "resnet18_dogs"}  # trained from scratch on a GPU, as COMET was
 
 
 def test_every_model_has_train_val_solver_and_deploy():
@@ -48,7 +50,7 @@ def test_model_matches_what_prepare_dogs_writes(model, wf_pb2):
     deploy = read_text_proto(MODELS / model / "deploy.prototxt", wf_pb2.NetParameter())
     assert list(deploy.layer[0].input_param.shape[0].dim)[1:] == [3, crop, crop]
     assert [l.inner_product_param.num_output for l in deploy.layer if l.type == "InnerProduct"][-1] == classes
-    expected_mode = wf_pb2.SolverParameter.GPU if model == "bvlc_reference_caffenet" else wf_pb2.SolverParameter.CPU
+    expected_mode = wf_pb2.SolverParameter.GPU if model in GPU_MODELS else wf_pb2.SolverParameter.CPU
     assert solver.solver_mode == expected_mode
 
 
@@ -76,16 +78,24 @@ def test_comet_tiny_deploy_runs_the_trained_snapshot(wf_short_run, wf_synthetic)
                                     weights=str(weights)).params["conv1"][0].data)
 
 
-@WF_NEEDS_BUILD
-def test_caffenet_trains_two_iterations_on_256px_lmdbs_and_deploy_runs(tmp_path, wf_pb2, wf_synthetic_archives):
-    """The full-size model on the CPU: prepare-dogs at 256x256 (the real default), 2 iterations, batch 4."""
-    from cometctl.caffeproto import import_caffe
+@pytest.fixture(scope="module")
+def dogs256(wf_pb2, wf_synthetic_archives, tmp_path_factory):
+    """prepare-dogs at 256x256 (the real default) on the embedded synthetic archives, once per module."""
     from cometctl.dogs import prepare_dogs
-    from cometctl.train import train
 
     images, lists = wf_synthetic_archives
-    data = tmp_path / "dogs"
+    data = tmp_path_factory.mktemp("dogs256") / "dogs"
     prepare_dogs(data, archive=images, lists=lists, size=256, jobs=2)
+    return data
+
+
+@WF_NEEDS_BUILD
+def test_caffenet_trains_two_iterations_on_256px_lmdbs_and_deploy_runs(tmp_path, wf_pb2, dogs256):
+    """The full-size model on the CPU: prepare-dogs at 256x256 (the real default), 2 iterations, batch 4."""
+    from cometctl.caffeproto import import_caffe
+    from cometctl.train import train
+
+    data = dogs256
     solver = wf_point_model_at(wf_pb2, MODELS / "bvlc_reference_caffenet", data, tmp_path / "caffenet",
                                batch=4, test_iter=1, test_interval=1000, test_initialization=False, display=1,
                                snapshot=0, snapshot_after_train=False)
@@ -110,3 +120,55 @@ def test_solvers_train_with_comet(model, wf_pb2):
     solver = text_format.Parse((MODELS / model / "solver.prototxt").read_text(), wf_pb2.SolverParameter())
     assert solver.HasField("comet") and solver.comet.enabled
     assert solver.comet.eb_mode == wf_pb2.CometParameter.ADAPTIVE and solver.comet.update_interval == 200
+
+
+def test_resnet18_files_are_what_the_generator_writes():
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(MODELS / "resnet18_dogs" / "make_resnet.py"), "--check"], check=True)
+
+
+def test_resnet18_is_resnet18(wf_pb2):
+    """Convolutions without bias, each followed by BatchNorm and Scale with bias in place, SUM shortcuts with
+    1x1 stride-2 projections where the shape changes, global average pooling, and the label read by the
+    loss and by an Accuracy that runs in TRAIN as well as TEST."""
+    net = read_text_proto(MODELS / "resnet18_dogs" / "train_val.prototxt", wf_pb2.NetParameter())
+    layers = list(net.layer)
+    convs = [i for i, l in enumerate(layers) if l.type == "Convolution"]
+    assert len(convs) == 17 + 3  # 17 weighted convolutions of ResNet-18 and 3 projections
+    for i in convs:
+        conv, bn, scale = layers[i], layers[i + 1], layers[i + 2]
+        assert not conv.convolution_param.bias_term
+        assert (bn.type, scale.type) == ("BatchNorm", "Scale") and scale.scale_param.bias_term
+        assert list(bn.bottom) == list(bn.top) == list(scale.bottom) == list(scale.top) == list(conv.top)
+    projections = [layers[i] for i in convs if layers[i].name.endswith("_branch1")]
+    assert [(p.convolution_param.kernel_size[0], p.convolution_param.stride[0]) for p in projections] == [(1, 2)] * 3
+    sums = [l for l in layers if l.type == "Eltwise"]
+    assert len(sums) == 8 and all(l.eltwise_param.operation == wf_pb2.EltwiseParameter.SUM for l in sums)
+    pools = [l for l in layers if l.type == "Pooling"]
+    assert pools[-1].pooling_param.pool == wf_pb2.PoolingParameter.AVE and pools[-1].pooling_param.global_pooling
+    readers = [l for l in layers if "label" in l.bottom]
+    assert sorted(l.type for l in readers) == ["Accuracy", "SoftmaxWithLoss"]
+    assert all(not l.include and not l.exclude for l in readers)  # both phases
+
+
+@WF_NEEDS_BUILD
+def test_resnet18_trains_two_iterations_with_comet_and_deploy_runs(tmp_path, wf_pb2, dogs256):
+    """`cometctl train --cpu` runs the shipped solver (its comet block included) on 256x256 LMDBs, batch 4."""
+    from cometctl.caffeproto import import_caffe
+    from cometctl.train import train
+
+    solver = wf_point_model_at(wf_pb2, MODELS / "resnet18_dogs", dogs256, tmp_path / "resnet",
+                               batch=4, test_iter=1, test_interval=1000, test_initialization=False, display=1,
+                               snapshot=0, snapshot_after_train=False)
+    code = train(solver, cpu=True, iters=2, run_dir=tmp_path / "run")
+    log = (tmp_path / "run" / "caffe.log").read_text()
+    assert code == 0, log[-3000:]
+    assert "Iteration 1" in log and "Optimization Done" in log and "COMET" in log
+    caffe = import_caffe()
+    caffe.set_mode_cpu()
+    net = caffe.Net(str(MODELS / "resnet18_dogs" / "deploy.prototxt"), caffe.TEST)
+    net.blobs["data"].reshape(1, 3, 224, 224)
+    prob = net.forward(data=np.random.default_rng(0).normal(size=(1, 3, 224, 224)).astype(np.float32))["prob"]
+    assert prob.shape == (1, 120) and abs(prob.sum() - 1) < 1e-4
