@@ -1,18 +1,24 @@
-"""COMET off and on side by side, in one run: CaffeNet training iterations on the CPU (or GPU).
+"""COMET off and on side by side, in one run: training iterations of a net on the CPU (or GPU).
 
-For each batch size, the fork's `caffe train` runs the shipped CaffeNet (models/bvlc_reference_caffenet),
-first without a comet block, then with one. Its input is either
+For each batch size, the fork's `caffe train` runs the net of --model, first without a comet block,
+then with one:
+  caffenet (default): the shipped CaffeNet (models/bvlc_reference_caffenet),
+  resnet: the shipped ResNet-18 (models/resnet18_dogs: BatchNorm, Scale, Eltwise shortcuts),
+  googlenet: upstream's GoogLeNet (models/bvlc_googlenet in the patched tree: Inception branches
+      through Split and Concat, three losses).
+Its input is either
   --data images (default): the shipped Data layer reading the embedded synthetic dataset, made once at
       256x256 (`cometctl prepare-dogs --synthetic --size 256`; picture-like content, as in real
       training), with `prefetch: 1` so that the input batches in memory are the same as with DummyData;
   --data noise: DummyData, Gaussian noise (std 50), the worst case for compression.
-The net is otherwise unchanged. Each run is its own process, so its peak resident set size
+TEST-phase layers and Accuracy are dropped; the net is otherwise unchanged. Each run is its own process, so its peak resident set size
 (ru_maxrss from wait4) is its own. Reported per run: peak RSS, the store's tracked peak and activation
 storage (COMET runs), seconds per iteration after warm-up (wall clock, median), and the CPU seconds
 (user + system) of the whole run, which another tenant's load on a shared machine disturbs less.
 
-    scripts/bench_memory [--batches 64 256] [--iters 3] [--warmup 1] [--repeat 1] [--data images|noise]
-                         [--pool-headroom 0] [--gpu 0] [--markdown out.md]
+    scripts/bench_memory [--model caffenet|resnet|googlenet] [--batches 64 256] [--iters 3]
+                         [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
+                         [--gpu 0] [--markdown out.md]
 """
 
 from __future__ import annotations
@@ -52,9 +58,24 @@ def make_images(cometctl: Path) -> Path:
     return out
 
 
-def make_net(pb2, text_format, batch: int, images: Path | None) -> str:
+MODELS = {
+    "caffenet": ("CaffeNet", "repo", "models/bvlc_reference_caffenet/train_val.prototxt"),
+    "resnet": ("ResNet-18", "repo", "models/resnet18_dogs/train_val.prototxt"),
+    "googlenet": ("GoogLeNet", "upstream", "models/bvlc_googlenet/train_val.prototxt"),
+}
+
+
+def model_file(model: str, variant: str | None) -> Path:
+    _, where, rel = MODELS[model]
+    if where == "repo":
+        return ROOT / rel
+    # upstream's own models live in the patched tree the build lays out (never in this repo)
+    return paths.pycaffe_dir(variant).parent / rel
+
+
+def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path) -> str:
     net = pb2.NetParameter()
-    text_format.Merge((ROOT / "models/bvlc_reference_caffenet/train_val.prototxt").read_text(), net)
+    text_format.Merge(model_path.read_text(), net)
     layers = []
     for layer in net.layer:
         if any(rule.phase == pb2.TEST for rule in layer.include) or layer.type == "Accuracy":
@@ -63,7 +84,8 @@ def make_net(pb2, text_format, batch: int, images: Path | None) -> str:
             layer.data_param.source = str(images / "train_lmdb")
             layer.data_param.batch_size = batch
             layer.data_param.prefetch = 1
-            layer.transform_param.mean_file = str(images / "mean.binaryproto")
+            if not layer.transform_param.mean_value:  # GoogLeNet subtracts per-channel values
+                layer.transform_param.mean_file = str(images / "mean.binaryproto")
         elif layer.type == "Data":
             crop = layer.transform_param.crop_size or 227
             dummy = pb2.LayerParameter(name="data", type="DummyData", top=["data", "label"])
@@ -137,6 +159,8 @@ def mb(x: float) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(MODELS), default="caffenet",
+                    help="the net to train (default: caffenet)")
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--iters", type=int, default=3, help="timed iterations after warm-up")
     ap.add_argument("--warmup", type=int, default=1)
@@ -156,17 +180,20 @@ def main() -> int:
     from caffe.proto import caffe_pb2 as pb2
     from google.protobuf import text_format
 
+    variant = "cuda" if args.gpu is not None else None
+    model_path = model_file(args.model, variant)
+    title = MODELS[args.model][0]
     images = make_images(Path(sys.executable).parent / "cometctl") if args.data == "images" else None
     rows = []
     with tempfile.TemporaryDirectory(prefix="comet-bench-") as tmp:
         work = args.keep.resolve() if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for batch in args.batches:
-            net = make_net(pb2, text_format, batch, images)
+            net = make_net(pb2, text_format, batch, images, model_path)
             runs = {False: {"times": [], "rss": 0, "cpu": []}, True: {"times": [], "rss": 0, "cpu": []}}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike
                 for comet in (False, True):
-                    name = f"caffenet_b{batch}_{'on' if comet else 'off'}"
+                    name = f"{args.model}_b{batch}_{'on' if comet else 'off'}"
                     name += f"_{rep + 1}" if args.repeat > 1 else ""
                     t0 = time.time()
                     block = None
@@ -201,10 +228,10 @@ def main() -> int:
                 rows.append(row)
 
     device = f"GPU {args.gpu}" if args.gpu is not None else f"CPU ({os.cpu_count()} cores)"
-    out = [f"CaffeNet training on {device}, {args.iters} timed iterations after {args.warmup} warm-up"
+    out = [f"{title} training on {device}, {args.iters} timed iterations after {args.warmup} warm-up"
            + (f", COMET off and on alternated {args.repeat} times (median s/iter)" if args.repeat > 1 else "")
            + "; "
-           f"command: `scripts/bench_memory --batches {' '.join(map(str, args.batches))} "
+           f"command: `scripts/bench_memory --model {args.model} --batches {' '.join(map(str, args.batches))} "
            f"--iters {args.iters} --warmup {args.warmup} --data {args.data}"
            + (f" --repeat {args.repeat}" if args.repeat > 1 else "")
            + (f" --pool-headroom {args.pool_headroom}" if args.pool_headroom is not None else "")

@@ -61,6 +61,11 @@ class CometLayerAccess {
     }
     return &l->scale_;
   }
+  // BatchNorm's x_norm_ (a copy of its output, kept), else NULL.
+  static Blob<Dtype>* bn_x_norm(Layer<Dtype>* layer) {
+    BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer);
+    return bn ? &bn->x_norm_ : NULL;
+  }
   // BatchNorm's temp_ and in-place Scale's temp_ (the buffers the plan's REBUILD frees), else NULL.
   static Blob<Dtype>* rebuildable(Layer<Dtype>* layer) {
     if (BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer)) return &bn->temp_;

@@ -255,6 +255,15 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     plan.after_forward[i].push_back(plan.entries.size());
     plan.after_backward[i].push_back(plan.entries.size());
     plan.entries.push_back(e);
+    if (plan.facts[i].private_buffer == CometLayerFacts::BN_TEMP) {
+      // BatchNorm's x_norm_ (a copy of its output) stays dense; listed so that the report's
+      // layer-buffer figures count it.
+      e.action = CometActions::KEEP;
+      e.blob = e.name + " x_norm";
+      plan.private_of_layer[i].push_back(plan.entries.size());
+      plan.after_forward[i].push_back(plan.entries.size());
+      plan.entries.push_back(e);
+    }
   }
 
   // Activation diffs: freed after the last layer whose backward touches them. Only diffs that a
@@ -294,7 +303,9 @@ std::string DescribeCometPlan(const CometPlan& plan, const Net<Dtype>& net,
   for (int e = 0; e < plan.entries.size(); ++e) {
     const CometPlanEntry& en = plan.entries[e];
     os << "COMET plan: blob " << en.blob << " -> ";
-    if (en.action == CometActions::REBUILD) {
+    if (en.action == CometActions::KEEP) {
+      os << "kept dense (" << en.name << " backward reads it)";
+    } else if (en.action == CometActions::REBUILD) {
       os << "freed after " << en.name << " forward, rebuilt before its backward";
       if (en.source >= 0) os << " from " << net.layer_names()[en.source] << "'s output";
     } else if (en.action == CometActions::RECOMPUTE && !param.recompute_lrn()) {

@@ -263,6 +263,7 @@ SyncedMemory* CometStore<Dtype>::PrivateBuffer(const Entry& e) const {
     case BINARY: return CometLayerAccess<Dtype>::dropout_mask(layer)->data().get();
     case RECOMPUTE: return CometLayerAccess<Dtype>::lrn_scale(layer)->data().get();
     case REBUILD: return CometLayerAccess<Dtype>::rebuildable(layer)->data().get();
+    case KEEP: return CometLayerAccess<Dtype>::bn_x_norm(layer)->data().get();
     default: LOG(FATAL) << "not a layer-private buffer: " << e.blob;
   }
   return NULL;
@@ -285,7 +286,10 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
   timer.Start();
   const size_t count = mem->size() / sizeof(int32_t);
   shared_ptr<CometPayload> p;
-  if (e->action == RECOMPUTE || e->action == REBUILD) {
+  if (e->action == KEEP) {  // counted, not touched
+    e->dense_bytes += mem->size();
+    e->stored_bytes += mem->size();
+  } else if (e->action == RECOMPUTE || e->action == REBUILD) {
     // LRN's scale is kept until LRN's backward and freed after it, unless recompute_lrn.
     if (e->action == RECOMPUTE && !param_.recompute_lrn()) return;
     e->dense_bytes += mem->size();
@@ -584,7 +588,7 @@ void CometStore<Dtype>::Report() {
   }
   for (int i = 0; i < entries_.size(); ++i) {
     Entry& e = entries_[i];
-    if (e.action == RELEASE || e.action == KEEP) continue;
+    if (e.action == RELEASE || (e.action == KEEP && e.layer < 0)) continue;
     if (e.samples == 0) continue;
     e.last_dense = static_cast<size_t>(e.dense_bytes / e.samples);
     e.last_stored = static_cast<size_t>(e.stored_bytes / e.samples);
@@ -598,6 +602,9 @@ void CometStore<Dtype>::Report() {
       if (e.action == LOSSY) {
         snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, eb %.1e, %.1f ms", e.name.c_str(),
                  e.last_ratio, e.last_eb, e.last_ms);
+      } else if (e.action == KEEP) {
+        snprintf(line, sizeof(line), "COMET %s: %s kept dense, %s", e.name.c_str(),
+                 e.blob.substr(e.name.size() + 1).c_str(), FormatBytes(e.last_dense).c_str());
       } else if (e.action == REBUILD) {
         snprintf(line, sizeof(line), "COMET %s: %s rebuilt, freed %s, %.1f ms", e.name.c_str(),
                  e.source >= 0 ? "input copy" : "temp", FormatBytes(e.last_dense).c_str(),
