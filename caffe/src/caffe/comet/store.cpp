@@ -10,6 +10,7 @@
 
 #include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/store.hpp"
+#include "caffe/layer_factory.hpp"
 #include "caffe/util/benchmark.hpp"
 #include "caffe/util/io.hpp"
 #include "caffe/util/math_functions.hpp"
@@ -71,15 +72,60 @@ shared_ptr<CometStore<Dtype> > CometStore<Dtype>::Attach(Solver<Dtype>* solver) 
   return shared_ptr<CometStore<Dtype> >(new CometStore<Dtype>(solver, sp.comet()));
 }
 
+namespace {
+
+std::string Num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// Settings that would do nothing or fail late are refused before training starts, each with
+// the field's name.
+template <typename Dtype>
+void CheckSettings(const CometParameter& p, const Net<Dtype>& net) {
+  struct Positive { const char* field; double value; } positive[] = {
+      {"error_bound", p.error_bound()}, {"min_error_bound", p.min_error_bound()},
+      {"max_error_bound", p.max_error_bound()}, {"adaptive_target", p.adaptive_target()}};
+  for (int i = 0; i < 4; ++i) {
+    if (!(positive[i].value > 0) || !std::isfinite(positive[i].value))
+      CometFatal(std::string("comet.") + positive[i].field + " must be a finite number > 0 (got " +
+                 Num(positive[i].value) + ")");
+  }
+  if (p.min_error_bound() > p.max_error_bound())
+    CometFatal("comet.min_error_bound (" + Num(p.min_error_bound()) + ") exceeds "
+               "comet.max_error_bound (" + Num(p.max_error_bound()) + ")");
+  if (p.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE && p.update_interval() <= 0)
+    CometFatal("comet.update_interval must be > 0 with eb_mode ADAPTIVE (got " +
+               Num(p.update_interval()) + "): the bounds would never adapt; use eb_mode FIXED");
+  if (!(p.memory_pool_headroom() >= 0) || !std::isfinite(p.memory_pool_headroom()))
+    CometFatal("comet.memory_pool_headroom must be a finite number >= 0 (got " +
+               Num(p.memory_pool_headroom()) + ")");
+  const std::vector<std::string> types = LayerRegistry<Dtype>::LayerTypeList();
+  for (int i = 0; i < p.compress_type_size(); ++i) {
+    const std::string& t = p.compress_type(i);
+    if (t != "None" && std::find(types.begin(), types.end(), t) == types.end())
+      CometFatal("comet.compress_type '" + t + "' is not a layer type of this build ('None' "
+                 "stores nothing lossy)");
+  }
+  for (int i = 0; i < net.layers().size(); ++i) {
+    const LayerParameter& lp = net.layers()[i]->layer_param();
+    if (lp.has_comet_param() && lp.comet_param().has_error_bound()) {
+      const double eb = lp.comet_param().error_bound();
+      if (!(eb > 0) || !std::isfinite(eb))
+        CometFatal("comet_param.error_bound of layer " + lp.name() + " must be a finite "
+                   "number > 0 (got " + Num(eb) + ")");
+    }
+  }
+}
+
+}  // namespace
+
 template <typename Dtype>
 CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param)
     : solver_(solver), net_(solver->net().get()), param_(param), measuring_(false),
       last_report_iter_(-1) {
-  CHECK_GT(param_.error_bound(), 0) << "comet.error_bound must be positive";
-  CHECK_GT(param_.min_error_bound(), 0) << "comet.min_error_bound must be positive";
-  CHECK_LE(param_.min_error_bound(), param_.max_error_bound())
-      << "comet.min_error_bound must not exceed comet.max_error_bound";
-  CHECK_GT(param_.adaptive_target(), 0) << "comet.adaptive_target must be positive";
+  CheckSettings(param_, *net_);
   relu_skipped_.assign(net_->layers().size(), false);
   top_diff_sumsq_.assign(net_->layers().size(), 0);
   MakePlan();
@@ -95,7 +141,6 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
   net_->add_after_backward(hooks_[3].get());
   solver_->add_callback(this);
   if (param_.memory_pool()) {
-    CHECK_GE(param_.memory_pool_headroom(), 0) << "comet.memory_pool_headroom must be >= 0";
     CometHostPoolEnable(true);
     CometGpuPoolEnable(true);
     CometPoolsSetHeadroom(param_.memory_pool_headroom());
@@ -694,18 +739,30 @@ void CometStore<Dtype>::Load(const std::string& solverstate_filename) {
     return;
   }
   CometState state;
-  CHECK(ReadProtoFromTextFile(filename, &state)) << "COMET: cannot parse " << filename;
+  if (!ReadProtoFromTextFile(filename, &state)) CometFatal("COMET: cannot parse " + filename);
+  if (!state.has_iter() && state.bound_size() == 0)
+    CometFatal("COMET: " + filename + " is empty; delete it to start the error bounds over");
+  if (state.iter() != solver_->iter())
+    CometFatal("COMET: " + filename + " belongs to iteration " + Num(state.iter()) +
+               ", the solver state to iteration " + Num(solver_->iter()));
   int restored = 0;
   for (int i = 0; i < state.bound_size(); ++i) {
     const float eb = state.bound(i).error_bound();
-    CHECK(eb > 0 && std::isfinite(eb)) << "COMET: bad error bound for " << state.bound(i).layer()
-                                       << " in " << filename;
+    if (!(eb > 0) || !std::isfinite(eb))
+      CometFatal("COMET: bad error bound " + Num(eb) + " for layer " + state.bound(i).layer() +
+                 " in " + filename);
+    bool known = false;
     for (int b = 0; b < bounds_.size(); ++b) {
-      if (bounds_[b].layer == state.bound(i).layer() && !bounds_[b].fixed) {
+      if (bounds_[b].layer != state.bound(i).layer()) continue;
+      known = true;
+      if (!bounds_[b].fixed) {
         bounds_[b].eb = eb;
         ++restored;
       }
     }
+    if (!known)
+      CometFatal("COMET: " + filename + " has a bound for layer " + state.bound(i).layer() +
+                 ", which this net does not store lossy (another net's state?)");
   }
   LOG(INFO) << "COMET: restored " << restored << " error bounds from " << filename;
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -934,6 +935,76 @@ TEST_F(CometStoreTest, NaNAndInfThroughMaxPoolingStayInTheWindow) {
     Run(solver.get(), 4);
     EXPECT_TRUE(std::isnan(solver->net()->blob_by_name("loss")->cpu_data()[0])) << comet[k];
   }
+}
+
+// Settings that would do nothing or fail late stop before training, naming the field.
+TEST_F(CometStoreTest, SettingsThatCannotWorkAreRefusedBeforeTraining) {
+  const char* bad[][2] = {
+      {"comet { update_interval: 0 }", "comet.update_interval must be > 0 with eb_mode ADAPTIVE"},
+      {"comet { error_bound: inf }", "comet.error_bound must be a finite number > 0 (got inf)"},
+      {"comet { error_bound: nan }", "comet.error_bound must be a finite number > 0"},
+      {"comet { adaptive_target: 0 }", "comet.adaptive_target must be a finite number > 0"},
+      {"comet { min_error_bound: 0.5 max_error_bound: 0.1 }", "comet.min_error_bound (0.5) exceeds"},
+      {"comet { compress_type: 'NoSuchLayer' }", "comet.compress_type 'NoSuchLayer' is not a layer"},
+      {"comet { memory_pool_headroom: -1 }", "comet.memory_pool_headroom must be a finite number"},
+  };
+  CometSetFatalThrows(true);
+  for (int i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
+    std::string what;
+    try {
+      MakeSolver(bad[i][0]);
+    } catch (const std::runtime_error& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find(bad[i][1]), std::string::npos) << bad[i][0] << " gave: " << what;
+  }
+  // what is fine stays fine
+  std::string what;
+  try {
+    MakeSolver("comet { eb_mode: FIXED update_interval: 0 compress_type: 'None' }");
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  CometSetFatalThrows(false);
+  EXPECT_EQ(what, "");
+}
+
+// A .cometstate that is empty, names layers the net does not store lossy, or belongs to another
+// iteration than the solver state is refused, not half-restored.
+TEST_F(CometStoreTest, AForeignOrEmptyCometStateIsRefused) {
+  const std::string block = "comet { eb_mode: ADAPTIVE update_interval: 2 }";
+  shared_ptr<Solver<float> > a = MakeSolver(block);
+  Run(a.get(), 2);
+  a->Snapshot();
+  const std::string state = prefix_ + "_iter_2.solverstate";
+  const std::string comet = prefix_ + "_iter_2.cometstate";
+  std::string good;
+  {
+    std::ifstream in(comet.c_str());
+    std::getline(in, good, '\0');
+  }
+  const std::string cases[][2] = {
+      {"", "is empty"},
+      {good + "bound { layer: 'nosuch' error_bound: 0.1 }\n", "bound for layer nosuch"},
+      {"iter: 7\n", "belongs to iteration 7, the solver state to iteration 2"},
+  };
+  CometSetFatalThrows(true);
+  for (int i = 0; i < 3; ++i) {
+    std::ofstream(comet.c_str()) << cases[i][0];
+    shared_ptr<Solver<float> > b = MakeSolver(block);
+    std::string what;
+    try {
+      b->Restore(state.c_str());
+    } catch (const std::runtime_error& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find(cases[i][1]), std::string::npos) << "case " << i << ": " << what;
+  }
+  CometSetFatalThrows(false);
+  std::ofstream(comet.c_str()) << good;
+  shared_ptr<Solver<float> > c = MakeSolver(block);
+  c->Restore(state.c_str());
+  EXPECT_EQ(c->iter(), 2);
 }
 
 TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
