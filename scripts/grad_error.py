@@ -1,13 +1,19 @@
-"""How far COMET moves CaffeNet's weight gradients: one training step, COMET off vs on, side by side.
+"""How far COMET moves a net's weight gradients: one training step, COMET off vs on, side by side.
 
-Two solvers train the shipped CaffeNet (10 outputs) on the embedded synthetic images at 256x256 (made
+Two solvers train the shipped CaffeNet or ResNet-18 (--model; 10 outputs) on the embedded synthetic
+images at 256x256 (made
 once, as for scripts/bench_memory). After `--warmup` steps (the adaptive bounds are measured on them)
 the COMET solver gets the other's weights, both run forward and backward on the same batch with the
 same Dropout masks, and for each layer the relative error of the weight gradient,
 ||dW_on - dW_off|| / ||dW_off||, is printed next to the error bound its input was stored with. With
 ADAPTIVE bounds this error is what `adaptive_target` aims at (docs/comet.md).
 
-    scripts/grad_error [--batch 32] [--target 0.05] [--max-bound 1] [--warmup 2]
+ResNet's BatchNorm layers store their normalised output (x_norm_) lossy at the tighter of their own
+bound and their Scale's; the table lists those bounds and the weight-gradient error of every layer
+with learnable weights (the errors of BatchNorm's input gradients show in the layers below them).
+
+    scripts/grad_error [--model caffenet|resnet] [--batch 32] [--target 0.05] [--max-bound 1]
+                       [--warmup 2]
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from cometctl import paths  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["caffenet", "resnet"], default="caffenet")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--target", type=float, default=0.05, help="comet.adaptive_target")
     ap.add_argument("--max-bound", type=float, default=1.0, help="comet.max_error_bound")
@@ -43,7 +50,10 @@ def main() -> int:
 
     images = make_images(Path(sys.executable).parent / "cometctl")
     net = pb2.NetParameter()
-    text_format.Merge((ROOT / "models/bvlc_reference_caffenet/train_val.prototxt").read_text(), net)
+    model = {"caffenet": ("models/bvlc_reference_caffenet/train_val.prototxt", "fc8", "CaffeNet"),
+             "resnet": ("models/resnet18_dogs/train_val.prototxt", "fc120", "ResNet-18")}
+    net_file, classifier, title = model[args.model]
+    text_format.Merge((ROOT / net_file).read_text(), net)
     for layer in net.layer:
         if layer.type == "Data":
             train = any(r.phase == pb2.TRAIN for r in layer.include)
@@ -51,7 +61,7 @@ def main() -> int:
             layer.data_param.batch_size = args.batch if train else 50
             layer.data_param.prefetch = 1
             layer.transform_param.mean_file = str(images / "mean.binaryproto")
-        if layer.name == "fc8":
+        if layer.name == classifier:
             layer.inner_product_param.num_output = 10  # the synthetic set has 10 classes
     caffe.set_mode_cpu()
     with tempfile.TemporaryDirectory(prefix="comet-grad-") as tmp:
@@ -80,17 +90,21 @@ def main() -> int:
         on.net.blobs["data"].data[...] = off.net.blobs["data"].data  # the same batch
         on.net.blobs["label"].data[...] = off.net.blobs["label"].data
         caffe.set_random_seed(7)  # the same Dropout masks
-        on.net.forward(start="conv1")
+        on.net.forward(start=list(on.net._layer_names)[1])  # after the data layer
         off.net.backward()
         on.net.backward()
         bounds = on.comet_stats()["bounds"]
-        print(f"CaffeNet, batch {args.batch}, adaptive_target {args.target}, max_error_bound "
+        print(f"{title}, batch {args.batch}, adaptive_target {args.target}, max_error_bound "
               f"{args.max_bound}: relative error of each weight gradient, COMET on vs off")
         print("| layer | error bound of its input | relative error of dW |")
         print("|---|---:|---:|")
         for name in off.net.params:
             a, b = off.net.params[name][0].diff, on.net.params[name][0].diff
-            eb = f"{bounds[name]:.3g}" if name in bounds else "exact (data layer)"
+            if not np.linalg.norm(a):  # BatchNorm's statistics: not learned by gradient
+                if name in bounds:
+                    print(f"| {name} (x_norm) | {bounds[name]:.3g} | - |")
+                continue
+            eb = f"{bounds[name]:.3g}" if name in bounds else "exact"
             print(f"| {name} | {eb} | {np.linalg.norm(b - a) / np.linalg.norm(a):.4f} |")
     return 0
 

@@ -61,10 +61,16 @@ class CometLayerAccess {
     }
     return &l->scale_;
   }
-  // BatchNorm's x_norm_ (a copy of its output, kept), else NULL.
+  // BatchNorm's x_norm_ (a copy of its output that its backward reads), else NULL.
   static Blob<Dtype>* bn_x_norm(Layer<Dtype>* layer) {
     BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer);
     return bn ? &bn->x_norm_ : NULL;
+  }
+  // After BatchNorm's forward: its per-channel standard deviation (variance_ holds it).
+  static const Blob<Dtype>* bn_std(Layer<Dtype>* layer) {
+    BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer);
+    CHECK(bn) << "not a BatchNorm layer";
+    return &bn->variance_;
   }
   // BatchNorm's temp_ and in-place Scale's temp_ (the buffers the plan's REBUILD frees), else NULL.
   static Blob<Dtype>* rebuildable(Layer<Dtype>* layer) {

@@ -45,7 +45,7 @@ struct CometLayerFacts {
   // are stored lossy is still the user's choice (comet.compress_type).
   bool lossy_input;
   // Its weight gradient is sum x (x) dy with weights of shape (outputs, ...): the adaptive bound
-  // rule of docs/comet.md applies.
+  // rule of docs/comet.md applies (Convolution, InnerProduct, and Scale for BatchNorm's x_norm_).
   bool adaptive;
   // ReLU: the store may compute Backward itself from the input's sign mask, bit for bit.
   bool relu_from_mask;

@@ -42,6 +42,11 @@ struct CometPlanEntry : public CometActions {
 
 // The error bound of one layer whose input is stored lossy.
 struct CometPlanBound {
+  // How the adaptive rule estimates the gradient error an input error eb causes: a weight
+  // gradient sum x (x) dy (Convolution, InnerProduct, Scale's scale), or BatchNorm's input
+  // gradient from its normalised output (docs/comet.md#adaptive-error-bounds-the-derivation).
+  enum Rule { WEIGHT_GRADIENT = 0, BATCHNORM };
+  Rule rule;
   std::string layer;
   int layer_id;
   float eb;

@@ -104,6 +104,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   float EntryBound(const Entry& e) const;
   float bound(int b) const;  // effective bound of bounds_[b]
   bool Measures(int layer) const;
+  double BatchNormErrorScale(int layer);  // S of the BatchNorm rule (store.cpp)
 
   Solver<Dtype>* solver_;
   Net<Dtype>* net_;

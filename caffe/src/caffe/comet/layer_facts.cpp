@@ -139,6 +139,7 @@ template <typename Dtype>
 void ScaleRow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f) {
   if (!s.in_place) f->bottom[0] = COMET_READS_VALUE;
   else f->private_buffer = CometLayerFacts::SCALE_COPY;
+  f->adaptive = s.bottoms == 1;  // its scale's gradient is sum x * dy per channel
   if (s.bottoms > 1) f->bottom[1] = COMET_READS_VALUE;  // the scale itself, for bottom[0]'s diff
 }
 

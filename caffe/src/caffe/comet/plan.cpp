@@ -72,6 +72,32 @@ std::vector<int> MemoryGroups(const Net<Dtype>& net, const std::vector<CometLaye
   return g.Number(count);
 }
 
+// The bound of layer i (created once), for a stored input it reads.
+template <typename Dtype>
+int BoundOf(CometPlan* plan, const Net<Dtype>& net, const CometParameter& param, int i,
+            CometPlanBound::Rule rule) {
+  if (plan->bound_of_layer[i] >= 0) return plan->bound_of_layer[i];
+  const LayerParameter& lp = net.layers()[i]->layer_param();
+  const bool own = lp.has_comet_param() && lp.comet_param().has_error_bound();
+  CometPlanBound bd;
+  bd.rule = rule;
+  bd.layer = lp.name();
+  bd.layer_id = i;
+  bd.fixed = own || param.eb_mode() == CometParameter_ErrorBoundMode_FIXED;
+  bd.eb = own ? lp.comet_param().error_bound() : param.error_bound();
+  CHECK_GT(bd.eb, 0) << "comet_param.error_bound of " << lp.name() << " must be > 0";
+  bd.adapt = !bd.fixed && (rule == CometPlanBound::BATCHNORM || plan->facts[i].adaptive);
+  bd.follow = -1;
+  plan->bound_of_layer[i] = plan->bounds.size();
+  plan->bounds.push_back(bd);
+  return plan->bound_of_layer[i];
+}
+
+// Whether layer i may store its input (or, for BatchNorm, its x_norm_) lossy.
+bool LossyAllowed(const LayerParameter& lp, const std::set<std::string>& lossy_types) {
+  return lossy_types.count(lp.type()) && (!lp.has_comet_param() || lp.comet_param().compress());
+}
+
 }  // namespace
 
 template <typename Dtype>
@@ -90,6 +116,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     lossy_types.insert("Convolution");
     lossy_types.insert("InnerProduct");
     lossy_types.insert("LRN");
+    lossy_types.insert("BatchNorm");
   }
 
   // Blobs whose data the store never touches: what callers read or set from outside (inputs,
@@ -132,8 +159,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     const CometLayerFacts& f = plan.facts[i];
     const LayerParameter& lp = net.layers()[i]->layer_param();
     const bool runs_backward = net.layer_need_backward()[i];
-    const bool layer_lossy = f.lossy_input && lossy_types.count(lp.type()) &&
-                             (!lp.has_comet_param() || lp.comet_param().compress());
+    const bool layer_lossy = f.lossy_input && LossyAllowed(lp, lossy_types);
     for (int side = 0; side < 2; ++side) {
       const std::vector<int>& ids = side == 0 ? net.bottom_ids(i) : net.top_ids(i);
       for (int k = 0; k < ids.size(); ++k) {
@@ -185,21 +211,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         if (!seen.insert(i).second || plan.facts[i].relu_from_mask) continue;  // sign mask
         if (!e.name.empty()) e.name += "+";
         e.name += net.layer_names()[i];
-        if (plan.bound_of_layer[i] < 0) {
-          const LayerParameter& lp = net.layers()[i]->layer_param();
-          const bool own = lp.has_comet_param() && lp.comet_param().has_error_bound();
-          CometPlanBound bd;
-          bd.layer = lp.name();
-          bd.layer_id = i;
-          bd.fixed = own || param.eb_mode() == CometParameter_ErrorBoundMode_FIXED;
-          bd.eb = own ? lp.comet_param().error_bound() : param.error_bound();
-          CHECK_GT(bd.eb, 0) << "comet_param.error_bound of " << lp.name() << " must be > 0";
-          bd.adapt = !bd.fixed && plan.facts[i].adaptive;
-          bd.follow = -1;
-          plan.bound_of_layer[i] = plan.bounds.size();
-          plan.bounds.push_back(bd);
-        }
-        e.eb_layers.push_back(plan.bound_of_layer[i]);
+        e.eb_layers.push_back(BoundOf(&plan, net, param, i, CometPlanBound::WEIGHT_GRADIENT));
       }
     } else {
       continue;  // KEEP: some reader needs it exactly
@@ -256,13 +268,36 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     plan.after_backward[i].push_back(plan.entries.size());
     plan.entries.push_back(e);
     if (plan.facts[i].private_buffer == CometLayerFacts::BN_TEMP) {
-      // BatchNorm's x_norm_ (a copy of its output) stays dense; listed so that the report's
-      // layer-buffer figures count it.
-      e.action = CometActions::KEEP;
+      // BatchNorm's x_norm_, a copy of its output that its backward reads (and an in-place Scale
+      // after it, through the copy rebuilt from it): lossy at the tighter of BatchNorm's own bound
+      // and that Scale's; else kept dense, listed so that the layer-buffer figures count it.
+      const LayerParameter& lp = net.layers()[i]->layer_param();
+      const bool global = lp.batch_norm_param().has_use_global_stats()
+                              ? lp.batch_norm_param().use_global_stats()
+                              : net.phase() == TEST;
       e.blob = e.name + " x_norm";
+      if (!global && LossyAllowed(lp, lossy_types)) {
+        e.action = CometActions::LOSSY;
+        e.eb_layers.push_back(BoundOf(&plan, net, param, i, CometPlanBound::BATCHNORM));
+        plan.after_backward[i].push_back(plan.entries.size());
+      } else {
+        e.action = CometActions::KEEP;
+      }
       plan.private_of_layer[i].push_back(plan.entries.size());
       plan.after_forward[i].push_back(plan.entries.size());
       plan.entries.push_back(e);
+    }
+  }
+  // A Scale whose copy is rebuilt from a lossy x_norm_ reads it too: its bound joins the entry.
+  for (int e = 0; e < plan.entries.size(); ++e) {
+    const CometPlanEntry& copy = plan.entries[e];
+    if (copy.action != CometActions::REBUILD || copy.source < 0) continue;
+    for (int x = 0; x < plan.entries.size(); ++x) {
+      CometPlanEntry& xn = plan.entries[x];
+      if (xn.layer != copy.source || xn.action != CometActions::LOSSY) continue;
+      const CometParameter& p = param;
+      xn.eb_layers.push_back(BoundOf(&plan, net, p, copy.layer, CometPlanBound::WEIGHT_GRADIENT));
+      xn.name += "+" + net.layer_names()[copy.layer];
     }
   }
 

@@ -308,7 +308,8 @@ SyncedMemory* CometStore<Dtype>::PrivateBuffer(const Entry& e) const {
     case BINARY: return CometLayerAccess<Dtype>::dropout_mask(layer)->data().get();
     case RECOMPUTE: return CometLayerAccess<Dtype>::lrn_scale(layer)->data().get();
     case REBUILD: return CometLayerAccess<Dtype>::rebuildable(layer)->data().get();
-    case KEEP: return CometLayerAccess<Dtype>::bn_x_norm(layer)->data().get();
+    case KEEP:
+    case LOSSY: return CometLayerAccess<Dtype>::bn_x_norm(layer)->data().get();
     default: LOG(FATAL) << "not a layer-private buffer: " << e.blob;
   }
   return NULL;
@@ -334,6 +335,19 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
   if (e->action == KEEP) {  // counted, not touched
     e->dense_bytes += mem->size();
     e->stored_bytes += mem->size();
+  } else if (e->action == LOSSY) {  // BatchNorm's x_norm_
+    const bool dev = OnDevice(mem);
+    const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
+    const float eb = EntryBound(*e);
+    e->eb_sum += eb;
+    Blob<Dtype>* x = CometLayerAccess<Dtype>::bn_x_norm(net_->layers()[e->layer].get());
+    p = CometEncodeLossy(data, x->shape(), dev, eb, e->blob);
+    p->timing = e->timing;
+    mem->comet_release();
+    mem->comet_payload() = p;
+    e->stored = p;
+    e->dense_bytes += p->dense_bytes();
+    e->stored_bytes += p->stored_bytes();
   } else if (e->action == RECOMPUTE || e->action == REBUILD) {
     // LRN's scale is kept until LRN's backward and freed after it, unless recompute_lrn.
     if (e->action == RECOMPUTE && !param_.recompute_lrn()) return;
@@ -456,11 +470,45 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
   }
   if (param_.relu_masks() && plan_.facts[layer].relu_from_mask) ReluBackwardFromMask(layer);
   if (!Measures(layer)) return;
-  // ||dy||^2 of the layer's output gradient, for the error estimate after its backward.
   const std::vector<Blob<Dtype>*>& tops = net_->top_vecs()[layer];
+  if (bounds_[plan_.bound_of_layer[layer]].rule == CometPlanBound::BATCHNORM) {
+    top_diff_sumsq_[layer] = BatchNormErrorScale(layer);
+    return;
+  }
+  // ||dy||^2 of the layer's output gradient, for the error estimate after its backward.
   double s = 0;
   for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
   top_diff_sumsq_[layer] = s;
+}
+
+// BatchNorm's input gradient is dx = (dy - mean(dy) - y mean(dy y)) / std per channel, y its
+// normalised output. An error e in y (|e| <= eb, uniform) moves dx by about -e mean(dy y) / std
+// (the term with mean(dy e) averages over the channel's N x H x W values and is negligible), so
+// the RMS error of dx is eb * sqrt(S / (3 C)) with S = sum_c (mean_c(dy y) / std_c)^2. Returns S,
+// computed from the y the backward is about to read.
+template <typename Dtype>
+double CometStore<Dtype>::BatchNormErrorScale(int layer) {
+  Layer<Dtype>* l = net_->layers()[layer].get();
+  const Blob<Dtype>* y = CometLayerAccess<Dtype>::bn_x_norm(l);
+  const Blob<Dtype>* sd = CometLayerAccess<Dtype>::bn_std(l);
+  const Blob<Dtype>* top = net_->top_vecs()[layer][0];
+  const int num = y->shape(0), channels = sd->count();
+  const int spatial = y->count() / (num * channels);
+  const Dtype* yd = y->cpu_data();
+  const Dtype* dy = top->cpu_diff();
+  const Dtype* s = sd->cpu_data();
+  double total = 0;
+  for (int c = 0; c < channels; ++c) {
+    double m1 = 0;
+    for (int n = 0; n < num; ++n) {
+      const size_t off = (static_cast<size_t>(n) * channels + c) * spatial;
+      for (int i = 0; i < spatial; ++i) m1 += static_cast<double>(dy[off + i]) * yd[off + i];
+    }
+    m1 /= static_cast<double>(num) * spatial;
+    const double r = m1 / s[c];
+    total += r * r;
+  }
+  return total;
 }
 
 // ReLU's backward needs only the signs of its input, which the store holds as a mask: it computes
@@ -502,14 +550,31 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
 // layer runs backward and has weights).
 template <typename Dtype>
 bool CometStore<Dtype>::Measures(int layer) const {
-  return measuring_ && plan_.bound_of_layer[layer] >= 0 && bounds_[plan_.bound_of_layer[layer]].adapt &&
-         net_->layer_need_backward()[layer] && !net_->layers()[layer]->blobs().empty();
+  if (!measuring_ || plan_.bound_of_layer[layer] < 0 || !net_->layer_need_backward()[layer])
+    return false;
+  const Bound& bd = bounds_[plan_.bound_of_layer[layer]];
+  return bd.adapt && (bd.rule == CometPlanBound::BATCHNORM ||
+                      !net_->layers()[layer]->blobs().empty());
 }
 
 template <typename Dtype>
 void CometStore<Dtype>::AfterBackward(int layer) {
   CheckSharing(layer, true);
-  if (Measures(layer)) {
+  if (Measures(layer) && bounds_[plan_.bound_of_layer[layer]].rule == CometPlanBound::BATCHNORM) {
+    // BatchNormErrorScale: RMS error of dx = eb * sqrt(S / (3 C)); keep it below adaptive_target
+    // times the RMS of dx.
+    Bound& bd = bounds_[plan_.bound_of_layer[layer]];
+    const Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
+    const double channels = CometLayerAccess<Dtype>::bn_std(net_->layers()[layer].get())->count();
+    const double dx_rms = std::sqrt(static_cast<double>(bottom->sumsq_diff()) / bottom->count());
+    const double per_eb = std::sqrt(top_diff_sumsq_[layer] / (3. * channels));  // error / eb
+    if (per_eb > 0 && dx_rms > 0 && std::isfinite(per_eb) && std::isfinite(dx_rms)) {
+      double eb = param_.adaptive_target() * dx_rms / per_eb;
+      eb = std::min<double>(std::max<double>(eb, param_.min_error_bound()),
+                            param_.max_error_bound());
+      bd.eb = static_cast<float>(eb);
+    }
+  } else if (Measures(layer)) {
     // Weight gradient dW = sum x (x) dy. An input error uniform in [-eb, eb] gives each weight
     // an error of standard deviation eb/sqrt(3) * ||dy_o|| (dy_o: the output channel the weight
     // feeds), so the RMS error over the weights is eb * ||dy|| / sqrt(3 O), O output channels.

@@ -21,6 +21,7 @@
 #include "caffe/comet/store.hpp"
 #include "caffe/common.hpp"
 #include "caffe/filler.hpp"
+#include "caffe/layers/batch_norm_layer.hpp"
 #include "caffe/layers/conv_layer.hpp"
 #include "caffe/layers/inner_product_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
@@ -288,6 +289,57 @@ TEST_F(CometPayloadTest, InnerProductWeightGradientErrorMatchesTheDerivation) {
 
 // ReLU's backward only asks whether its input was positive: restored from a mask, its gradient
 // is exactly the one from the dense input.
+// BatchNorm's input gradient with its normalised output y off by uniform errors in [-eb, eb]:
+// the RMS error of dx is eb * sqrt(S / (3 C)), S = sum_c (mean_c(dy y) / std_c)^2 (the rule the
+// store's adaptive bound for x_norm_ uses).
+TEST_F(CometPayloadTest, BatchNormInputGradientErrorMatchesTheDerivation) {
+  const int N = 16, C = 8, H = 6, W = 6;
+  Blob<float> x(N, C, H, W), y;
+  std::vector<Blob<float>*> bottom(1, &x), top(1, &y);
+  FillerParameter fp;
+  fp.set_std(3);
+  GaussianFiller<float>(fp).Fill(&x);
+  LayerParameter lp;
+  lp.set_phase(TRAIN);
+  BatchNormLayer<float> bn(lp);
+  bn.SetUp(bottom, top);
+  bn.Forward(bottom, top);
+  // a top gradient correlated with y, so that mean(dy y) is not zero
+  uint32_t state = 7;
+  for (int i = 0; i < y.count(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    y.mutable_cpu_diff()[i] = 0.5f * y.cpu_data()[i] + ((state >> 8) / 16777216.f - 0.5f);
+  }
+  const std::vector<bool> down(1, true);
+  bn.Backward(top, down, bottom);
+  const std::vector<float> dx0(x.cpu_diff(), x.cpu_diff() + x.count());
+  Blob<float>* xn = CometLayerAccess<float>::bn_x_norm(&bn);
+  const float* sd = CometLayerAccess<float>::bn_std(&bn)->cpu_data();
+  const int M = N * H * W;
+  double S = 0;
+  for (int c = 0; c < C; ++c) {
+    double m1 = 0;
+    for (int n = 0; n < N; ++n)
+      for (int i = 0; i < H * W; ++i) {
+        const int k = (n * C + c) * H * W + i;
+        m1 += y.cpu_diff()[k] * xn->cpu_data()[k];
+      }
+    S += (m1 / M / sd[c]) * (m1 / M / sd[c]);
+  }
+  const float eb = 0.05f;
+  for (int i = 0; i < xn->count(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    xn->mutable_cpu_data()[i] += eb * (2.f * ((state >> 8) / 16777216.f) - 1.f);
+  }
+  bn.Backward(top, down, bottom);
+  double err = 0;
+  for (int i = 0; i < x.count(); ++i) err += (x.cpu_diff()[i] - dx0[i]) * (x.cpu_diff()[i] - dx0[i]);
+  const double rms = std::sqrt(err / x.count());
+  const double predicted = eb * std::sqrt(S / (3. * C));
+  EXPECT_GT(rms, 0.8 * predicted);
+  EXPECT_LT(rms, 1.2 * predicted);
+}
+
 TEST_F(CometPayloadTest, ReluGradientFromTheMaskIsExact) {
   Blob<float> bottom(2, 6, 9, 9), top;
   std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);

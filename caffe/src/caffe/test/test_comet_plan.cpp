@@ -167,7 +167,22 @@ TEST_F(CometPlanTest, AResidualBlockMasksAndCompressesWhatItCan) {
   // the block's output: only relu2 reads it, by sign
   EXPECT_EQ(ActionOf("sum"), CometActions::MASK);
   EXPECT_EQ(ActionOf("gap"), CometActions::LOSSY);
-  EXPECT_EQ(plan_.bounds.size(), 2u);  // conv2 and ip (conv1 reads a source's top)
+  // conv2 and ip for their inputs (conv1 reads a source's top), bn1, bn2 and the Scales after
+  // them for the BatchNorms' x_norm_
+  EXPECT_EQ(plan_.bounds.size(), 6u);
+  int xnorm = 0;
+  for (int e = 0; e < plan_.entries.size(); ++e) {
+    const CometPlanEntry& en = plan_.entries[e];
+    if (en.blob == "bn1 x_norm" || en.blob == "bn2 x_norm") {
+      ++xnorm;
+      EXPECT_EQ(en.action, CometActions::LOSSY) << en.blob;
+      ASSERT_EQ(en.eb_layers.size(), 2u) << en.blob << ": BatchNorm's bound and its Scale's";
+      EXPECT_EQ(plan_.bounds[en.eb_layers[0]].rule, CometPlanBound::BATCHNORM);
+      EXPECT_EQ(plan_.bounds[en.eb_layers[1]].layer, en.blob == "bn1 x_norm" ? "sc1" : "sc2");
+      EXPECT_TRUE(plan_.bounds[en.eb_layers[1]].adapt);
+    }
+  }
+  EXPECT_EQ(xnorm, 2);
 }
 
 // A layer class without a fact row keeps its blobs dense, and the plan says so.
