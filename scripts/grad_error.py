@@ -33,7 +33,7 @@ from cometctl import paths  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["caffenet", "resnet"], default="caffenet")
+    ap.add_argument("--model", choices=["caffenet", "resnet", "googlenet"], default="caffenet")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--target", type=float, default=0.05, help="comet.adaptive_target")
     ap.add_argument("--max-bound", type=float, default=1.0, help="comet.max_error_bound")
@@ -50,18 +50,24 @@ def main() -> int:
 
     images = make_images(Path(sys.executable).parent / "cometctl")
     net = pb2.NetParameter()
-    model = {"caffenet": ("models/bvlc_reference_caffenet/train_val.prototxt", "fc8", "CaffeNet"),
-             "resnet": ("models/resnet18_dogs/train_val.prototxt", "fc120", "ResNet-18")}
-    net_file, classifier, title = model[args.model]
-    text_format.Merge((ROOT / net_file).read_text(), net)
+    upstream = paths.pycaffe_dir(None).parent  # upstream's models are in the patched tree
+    model = {"caffenet": (ROOT / "models/bvlc_reference_caffenet/train_val.prototxt", ("fc8",),
+                          "CaffeNet"),
+             "resnet": (ROOT / "models/resnet18_dogs/train_val.prototxt", ("fc120",), "ResNet-18"),
+             "googlenet": (upstream / "models/bvlc_googlenet/train_val.prototxt",
+                           ("loss1/classifier", "loss2/classifier", "loss3/classifier"),
+                           "GoogLeNet")}
+    net_file, classifiers, title = model[args.model]
+    text_format.Merge(net_file.read_text(), net)
     for layer in net.layer:
         if layer.type == "Data":
             train = any(r.phase == pb2.TRAIN for r in layer.include)
             layer.data_param.source = str(images / ("train_lmdb" if train else "val_lmdb"))
             layer.data_param.batch_size = args.batch if train else 50
             layer.data_param.prefetch = 1
-            layer.transform_param.mean_file = str(images / "mean.binaryproto")
-        if layer.name == classifier:
+            if not layer.transform_param.mean_value:
+                layer.transform_param.mean_file = str(images / "mean.binaryproto")
+        if layer.name in classifiers:
             layer.inner_product_param.num_output = 10  # the synthetic set has 10 classes
     caffe.set_mode_cpu()
     with tempfile.TemporaryDirectory(prefix="comet-grad-") as tmp:

@@ -45,14 +45,16 @@ struct CometPlanBound {
   // How the adaptive rule estimates the gradient error an input error eb causes: a weight
   // gradient sum x (x) dy (Convolution, InnerProduct, Scale's scale), or BatchNorm's input
   // gradient from its normalised output (docs/comet.md#adaptive-error-bounds-the-derivation).
-  enum Rule { WEIGHT_GRADIENT = 0, BATCHNORM };
+  // LRN: its input gradient from its lossy input and output, used when no layer with an
+  // adaptive rule reads the same stored blob (else LRN follows that layer's bound).
+  enum Rule { WEIGHT_GRADIENT = 0, BATCHNORM, LRN };
   Rule rule;
   std::string layer;
   int layer_id;
   float eb;
   bool fixed;  // set by the layer's comet_param.error_bound, or eb_mode FIXED
   bool adapt;  // the adaptive rule applies (the layer's facts say so)
-  int follow;  // in ADAPTIVE mode, a bound without a rule of its own (LRN) follows this one
+  int follow;  // in ADAPTIVE mode, LRN follows this bound when a weighted layer shares its blob
 };
 
 struct CometPlan {

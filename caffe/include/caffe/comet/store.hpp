@@ -105,6 +105,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   float bound(int b) const;  // effective bound of bounds_[b]
   bool Measures(int layer) const;
   double BatchNormErrorScale(int layer);  // S of the BatchNorm rule (store.cpp)
+  double LrnErrorPerBound(int layer);     // the LRN rule's error / eb (store.cpp)
 
   Solver<Dtype>* solver_;
   Net<Dtype>* net_;

@@ -86,7 +86,7 @@ int BoundOf(CometPlan* plan, const Net<Dtype>& net, const CometParameter& param,
   bd.fixed = own || param.eb_mode() == CometParameter_ErrorBoundMode_FIXED;
   bd.eb = own ? lp.comet_param().error_bound() : param.error_bound();
   CHECK_GT(bd.eb, 0) << "comet_param.error_bound of " << lp.name() << " must be > 0";
-  bd.adapt = !bd.fixed && (rule == CometPlanBound::BATCHNORM || plan->facts[i].adaptive);
+  bd.adapt = !bd.fixed && (rule != CometPlanBound::WEIGHT_GRADIENT || plan->facts[i].adaptive);
   bd.follow = -1;
   plan->bound_of_layer[i] = plan->bounds.size();
   plan->bounds.push_back(bd);
@@ -211,7 +211,10 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         if (!seen.insert(i).second || plan.facts[i].relu_from_mask) continue;  // sign mask
         if (!e.name.empty()) e.name += "+";
         e.name += net.layer_names()[i];
-        e.eb_layers.push_back(BoundOf(&plan, net, param, i, CometPlanBound::WEIGHT_GRADIENT));
+        const CometPlanBound::Rule rule = plan.facts[i].private_buffer == CometLayerFacts::LRN_SCALE
+                                              ? CometPlanBound::LRN
+                                              : CometPlanBound::WEIGHT_GRADIENT;
+        e.eb_layers.push_back(BoundOf(&plan, net, param, i, rule));
       }
     } else {
       continue;  // KEEP: some reader needs it exactly
@@ -221,15 +224,19 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     if (e.last_backward >= 0) plan.after_backward[e.last_backward].push_back(plan.entries.size());
     plan.entries.push_back(e);
   }
-  // A bound without a rule of its own (LRN: no weights to estimate from) follows, in ADAPTIVE
-  // mode, the adaptive bound of a layer that reads the same stored blob (norm1 -> conv2).
+  // An LRN bound follows, in ADAPTIVE mode, the weight-gradient bound of a layer that reads the
+  // same stored blob (norm1 -> conv2 in CaffeNet); without one (GoogLeNet's norm2, followed by
+  // max pooling) its own rule sets it.
   for (int e = 0; e < plan.entries.size(); ++e) {
     const std::vector<int>& ls = plan.entries[e].eb_layers;
     int adaptive = -1;
-    for (int k = 0; k < ls.size(); ++k) if (plan.bounds[ls[k]].adapt) adaptive = ls[k];
+    for (int k = 0; k < ls.size(); ++k) {
+      const CometPlanBound& bd = plan.bounds[ls[k]];
+      if (bd.adapt && bd.rule == CometPlanBound::WEIGHT_GRADIENT) adaptive = ls[k];
+    }
     for (int k = 0; k < ls.size() && adaptive >= 0; ++k) {
       CometPlanBound& bd = plan.bounds[ls[k]];
-      if (!bd.adapt && !bd.fixed && bd.follow < 0) bd.follow = adaptive;
+      if (bd.rule == CometPlanBound::LRN && !bd.fixed && bd.follow < 0) bd.follow = adaptive;
     }
   }
 

@@ -475,10 +475,44 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     top_diff_sumsq_[layer] = BatchNormErrorScale(layer);
     return;
   }
+  if (bounds_[plan_.bound_of_layer[layer]].rule == CometPlanBound::LRN) {
+    top_diff_sumsq_[layer] = LrnErrorPerBound(layer);
+    return;
+  }
   // ||dy||^2 of the layer's output gradient, for the error estimate after its backward.
   double s = 0;
   for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
   top_diff_sumsq_[layer] = s;
+}
+
+// LRN across channels: dx_i = dy_i s_i^-b - (2 a b / n) x_i sum_j dy_j y_j / s_j over the n
+// channels j around i, s = k + (a / n) sum x^2 >= k. With errors e in x and f in y (each uniform in
+// [-eb, eb]), the second term moves by (2 a b / n) sum_j (dy_j / s_j)(e_i y_j + x_i f_j): the e_i
+// part is coherent over the window (at most n^2 E[dy^2 y^2] in square), the f_j parts add in
+// squares (n E[x^2] E[dy^2]). The RMS error of dx is at most eb times the value returned,
+// (2 a b / (n k sqrt 3)) sqrt(n^2 E[dy^2 y^2] + n E[x^2] E[dy^2]). (The scale itself is kept
+// exact, or recomputed from the lossy input; recompute_lrn adds that term, not estimated here.)
+template <typename Dtype>
+double CometStore<Dtype>::LrnErrorPerBound(int layer) {
+  const LRNParameter& p = net_->layers()[layer]->layer_param().lrn_param();
+  const Blob<Dtype>* x = net_->bottom_vecs()[layer][0];
+  const Blob<Dtype>* y = net_->top_vecs()[layer][0];
+  const Dtype* xd = x->cpu_data();
+  const Dtype* yd = y->cpu_data();
+  const Dtype* dy = y->cpu_diff();
+  double dyy = 0, xx = 0, dd = 0;
+  for (int i = 0; i < y->count(); ++i) {
+    const double g = dy[i], v = yd[i], u = xd[i];
+    dyy += g * g * v * v;
+    xx += u * u;
+    dd += g * g;
+  }
+  const double count = y->count(), n = p.local_size();
+  dyy /= count;
+  xx /= count;
+  dd /= count;
+  return 2. * p.alpha() * p.beta() / (n * p.k() * std::sqrt(3.)) *
+         std::sqrt(n * n * dyy + n * xx * dd);
 }
 
 // BatchNorm's input gradient is dx = (dy - mean(dy) - y mean(dy y)) / std per channel, y its
@@ -553,14 +587,26 @@ bool CometStore<Dtype>::Measures(int layer) const {
   if (!measuring_ || plan_.bound_of_layer[layer] < 0 || !net_->layer_need_backward()[layer])
     return false;
   const Bound& bd = bounds_[plan_.bound_of_layer[layer]];
-  return bd.adapt && (bd.rule == CometPlanBound::BATCHNORM ||
-                      !net_->layers()[layer]->blobs().empty());
+  if (!bd.adapt || bd.follow >= 0) return false;
+  return bd.rule != CometPlanBound::WEIGHT_GRADIENT || !net_->layers()[layer]->blobs().empty();
 }
 
 template <typename Dtype>
 void CometStore<Dtype>::AfterBackward(int layer) {
   CheckSharing(layer, true);
-  if (Measures(layer) && bounds_[plan_.bound_of_layer[layer]].rule == CometPlanBound::BATCHNORM) {
+  if (Measures(layer) && bounds_[plan_.bound_of_layer[layer]].rule == CometPlanBound::LRN) {
+    Bound& bd = bounds_[plan_.bound_of_layer[layer]];
+    const Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
+    const double dx_rms = std::sqrt(static_cast<double>(bottom->sumsq_diff()) / bottom->count());
+    const double per_eb = top_diff_sumsq_[layer];  // LrnErrorPerBound: error / eb
+    if (per_eb > 0 && dx_rms > 0 && std::isfinite(per_eb) && std::isfinite(dx_rms)) {
+      double eb = param_.adaptive_target() * dx_rms / per_eb;
+      eb = std::min<double>(std::max<double>(eb, param_.min_error_bound()),
+                            param_.max_error_bound());
+      bd.eb = static_cast<float>(eb);
+    }
+  } else if (Measures(layer) &&
+             bounds_[plan_.bound_of_layer[layer]].rule == CometPlanBound::BATCHNORM) {
     // BatchNormErrorScale: RMS error of dx = eb * sqrt(S / (3 C)); keep it below adaptive_target
     // times the RMS of dx.
     Bound& bd = bounds_[plan_.bound_of_layer[layer]];

@@ -396,6 +396,7 @@ TEST_F(CometPayloadTest, LrnGradientErrorStaysWithinItsBound) {
   std::vector<float> y(top.cpu_data(), top.cpu_data() + top.count());
   const double ebs[] = {1e-1, 1e-3};
   double worst[2], tightest = 0;  // tightest: largest error / bound seen
+  double sq[2] = {0, 0};          // sum of squared errors
   for (int k = 0; k < 2; ++k) {
     const double eb = ebs[k];
     std::string error;
@@ -420,7 +421,24 @@ TEST_F(CometPayloadTest, LrnGradientErrorStaysWithinItsBound) {
         ASSERT_LE(err, c0 * sum * (1 + 1e-4) + 1e-6) << "element " << i << " at eb " << eb;
         worst[k] = std::max(worst[k], err);
         tightest = std::max(tightest, err / (c0 * sum));
+        sq[k] += err * err;
       }
+    // The RMS estimate the adaptive LRN rule uses (store.cpp, LrnErrorPerBound) bounds the RMS
+    // error: eb (2ab / (n k sqrt 3)) sqrt(n^2 E[dy^2 y^2] + n E[x^2] E[dy^2]).
+    double dyy = 0, xx = 0, dd = 0;
+    for (int i = 0; i < top.count(); ++i) {
+      const double g = dy.cpu_data()[i];
+      dyy += g * g * y[i] * y[i];
+      xx += x[i] * x[i];
+      dd += g * g;
+    }
+    const double m = top.count();
+    const double per_eb = 2.0 * lp.lrn_param().alpha() * lp.lrn_param().beta() /
+                          (n * lp.lrn_param().k() * std::sqrt(3.0)) *
+                          std::sqrt(n * n * dyy / m + n * (xx / m) * (dd / m));
+    const double rms = std::sqrt(sq[k] / m);
+    EXPECT_LE(rms, eb * per_eb) << "at eb " << eb;
+    EXPECT_GT(rms, 0.05 * eb * per_eb) << "the estimate is far looser than the error, eb " << eb;
   }
   EXPECT_GT(worst[0], 0) << "no error at all at eb 0.1?";
   EXPECT_LT(worst[1], worst[0]) << "a tighter bound must give a smaller gradient error";
