@@ -10,8 +10,10 @@
 
 namespace caffe {
 
-// In Python a read of memory the store freed raises RuntimeError instead of ending the process.
-static const bool comet_python_fatal_throws = (CometSetFatalThrows(true), true);
+// In Python a read of memory the store freed raises RuntimeError instead of ending the process;
+// log lines keep Caffe's classic prefix, as the tools' do (patch 0016).
+static const bool comet_python_init = (CometSetFatalThrows(true), FLAGS_log_year_in_prefix = false,
+                                       true);
 
 // The figures of the last display interval: {'iter', 'layers': [{layer, blob, kind, ratio, eb,
 // ms, dense_bytes, stored_bytes}], 'bounds': {layer: eb}, 'memory': {'current': {kind: bytes},
