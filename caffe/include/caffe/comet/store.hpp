@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "caffe/comet/bounds.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/plan.hpp"
 #include "caffe/net.hpp"
@@ -66,14 +67,14 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   typedef CometPlanBound Bound;
 
   const std::vector<Entry>& entries() const { return entries_; }
-  const std::vector<Bound>& bounds() const { return bounds_; }
+  const std::vector<Bound>& bounds() const { return bounds_.all(); }
   const CometMemory& memory() const { return memory_; }
   const CometParameter& param() const { return param_; }
   int last_report_iter() const { return last_report_iter_; }
   std::string Plan() const;  // human-readable plan, one line per entry
 
-  float bound(const std::string& layer) const;
-  void set_bound(const std::string& layer, float eb);
+  float bound(const std::string& layer) const { return bounds_.Of(layer); }
+  void set_bound(const std::string& layer, float eb) { bounds_.Set(layer, eb); }
 
   void Save(const std::string& filename) const;
   void Load(const std::string& solverstate_filename);
@@ -101,22 +102,16 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   void ReluBackwardFromMask(int layer);
   void Sample();
   void Report();
-  float EntryBound(const Entry& e) const;
-  float bound(int b) const;  // effective bound of bounds_[b]
-  bool Measures(int layer) const;
-  double BatchNormErrorScale(int layer);  // S of the BatchNorm rule (store.cpp)
-  double LrnErrorPerBound(int layer);     // the LRN rule's error / eb (store.cpp)
 
   Solver<Dtype>* solver_;
   Net<Dtype>* net_;
   CometParameter param_;
+  CometBounds<Dtype> bounds_;                       // plan_.bounds as they adapt
   CometPlan plan_;
   CometAliases data_aliases_, diff_aliases_;        // sharing found at run time
   std::map<const SyncedMemory*, int> seen_data_, seen_diff_;  // this step: memory -> group
   std::vector<Entry> entries_;                      // plan_.entries with what was done
-  std::vector<Bound> bounds_;                       // plan_.bounds as they adapt
   std::vector<bool> relu_skipped_;                  // layer -> backward done from the mask
-  std::vector<double> top_diff_sumsq_;              // layer -> ||dy||^2 (measuring iteration)
   std::vector<shared_ptr<Hook> > hooks_;
   CometMemory memory_;
   bool measuring_;

@@ -123,11 +123,10 @@ void CheckSettings(const CometParameter& p, const Net<Dtype>& net) {
 
 template <typename Dtype>
 CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param)
-    : solver_(solver), net_(solver->net().get()), param_(param), measuring_(false),
-      last_report_iter_(-1) {
+    : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
+      measuring_(false), last_report_iter_(-1) {
   CheckSettings(param_, *net_);
   relu_skipped_.assign(net_->layers().size(), false);
-  top_diff_sumsq_.assign(net_->layers().size(), 0);
   MakePlan();
   CometSetReadContext("before the first training step");
   typedef typename CometStore<Dtype>::Hook H;
@@ -174,8 +173,6 @@ void CometStore<Dtype>::MakePlan() {
   // What the old plan stored stays with the entry of the same memory; bounds keep their value.
   std::map<std::string, Entry> old;
   for (int e = 0; e < entries_.size(); ++e) old[entries_[e].blob] = entries_[e];
-  std::map<std::string, float> old_eb;
-  for (int b = 0; b < bounds_.size(); ++b) old_eb[bounds_[b].layer] = bounds_[b].eb;
   entries_.clear();
   for (int e = 0; e < plan_.entries.size(); ++e) {
     Entry en(plan_.entries[e]);
@@ -187,9 +184,7 @@ void CometStore<Dtype>::MakePlan() {
     }
     entries_.push_back(en);
   }
-  bounds_ = plan_.bounds;
-  for (int b = 0; b < bounds_.size(); ++b)
-    if (old_eb.count(bounds_[b].layer)) bounds_[b].eb = old_eb[bounds_[b].layer];
+  bounds_.Reset(plan_);
 }
 
 template <typename Dtype>
@@ -230,29 +225,6 @@ void CometStore<Dtype>::SetContext(int layer, const char* pass) {
 template <typename Dtype>
 std::string CometStore<Dtype>::Plan() const {
   return DescribeCometPlan(plan_, *net_, param_);
-}
-
-template <typename Dtype>
-float CometStore<Dtype>::EntryBound(const Entry& e) const {
-  float eb = bound(e.eb_layers[0]);
-  for (int i = 1; i < e.eb_layers.size(); ++i) eb = std::min(eb, bound(e.eb_layers[i]));
-  return eb;
-}
-
-template <typename Dtype>
-float CometStore<Dtype>::bound(int b) const {
-  return bounds_[b].follow >= 0 ? bounds_[bounds_[b].follow].eb : bounds_[b].eb;
-}
-
-template <typename Dtype>
-float CometStore<Dtype>::bound(const std::string& layer) const {
-  for (int b = 0; b < bounds_.size(); ++b) if (bounds_[b].layer == layer) return bound(b);
-  return -1;
-}
-
-template <typename Dtype>
-void CometStore<Dtype>::set_bound(const std::string& layer, float eb) {
-  for (int b = 0; b < bounds_.size(); ++b) if (bounds_[b].layer == layer) bounds_[b].eb = eb;
 }
 
 template <typename Dtype>
@@ -338,7 +310,7 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
   } else if (e->action == LOSSY) {  // BatchNorm's x_norm_
     const bool dev = OnDevice(mem);
     const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
-    const float eb = EntryBound(*e);
+    const float eb = bounds_.ForEntry(*e);
     e->eb_sum += eb;
     Blob<Dtype>* x = CometLayerAccess<Dtype>::bn_x_norm(net_->layers()[e->layer].get());
     p = CometEncodeLossy(data, x->shape(), dev, eb, e->blob);
@@ -407,8 +379,8 @@ void CometStore<Dtype>::AfterForward(int layer) {
     const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
     shared_ptr<CometPayload> p;
     if (e.action == LOSSY) {
-      e.eb_sum += EntryBound(e);
-      p = CometEncodeLossy(data, blob->shape(), dev, EntryBound(e), e.blob);
+      e.eb_sum += bounds_.ForEntry(e);
+      p = CometEncodeLossy(data, blob->shape(), dev, bounds_.ForEntry(e), e.blob);
       if (e.signs) {
         p->sign_mask = CometEncodeMask(data, blob->count(), dev, e.blob);
         if (!p->sign_mask) {
@@ -469,80 +441,7 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     e.timing->decode_ms += timer.MilliSeconds();
   }
   if (param_.relu_masks() && plan_.facts[layer].relu_from_mask) ReluBackwardFromMask(layer);
-  if (!Measures(layer)) return;
-  const std::vector<Blob<Dtype>*>& tops = net_->top_vecs()[layer];
-  if (bounds_[plan_.bound_of_layer[layer]].rule == CometPlanBound::BATCHNORM) {
-    top_diff_sumsq_[layer] = BatchNormErrorScale(layer);
-    return;
-  }
-  if (bounds_[plan_.bound_of_layer[layer]].rule == CometPlanBound::LRN) {
-    top_diff_sumsq_[layer] = LrnErrorPerBound(layer);
-    return;
-  }
-  // ||dy||^2 of the layer's output gradient, for the error estimate after its backward.
-  double s = 0;
-  for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
-  top_diff_sumsq_[layer] = s;
-}
-
-// LRN across channels: dx_i = dy_i s_i^-b - (2 a b / n) x_i sum_j dy_j y_j / s_j over the n
-// channels j around i, s = k + (a / n) sum x^2 >= k. With errors e in x and f in y (each uniform in
-// [-eb, eb]), the second term moves by (2 a b / n) sum_j (dy_j / s_j)(e_i y_j + x_i f_j): the e_i
-// part is coherent over the window (at most n^2 E[dy^2 y^2] in square), the f_j parts add in
-// squares (n E[x^2] E[dy^2]). The RMS error of dx is at most eb times the value returned,
-// (2 a b / (n k sqrt 3)) sqrt(n^2 E[dy^2 y^2] + n E[x^2] E[dy^2]). (The scale itself is kept
-// exact, or recomputed from the lossy input; recompute_lrn adds that term, not estimated here.)
-template <typename Dtype>
-double CometStore<Dtype>::LrnErrorPerBound(int layer) {
-  const LRNParameter& p = net_->layers()[layer]->layer_param().lrn_param();
-  const Blob<Dtype>* x = net_->bottom_vecs()[layer][0];
-  const Blob<Dtype>* y = net_->top_vecs()[layer][0];
-  const Dtype* xd = x->cpu_data();
-  const Dtype* yd = y->cpu_data();
-  const Dtype* dy = y->cpu_diff();
-  double dyy = 0, xx = 0, dd = 0;
-  for (int i = 0; i < y->count(); ++i) {
-    const double g = dy[i], v = yd[i], u = xd[i];
-    dyy += g * g * v * v;
-    xx += u * u;
-    dd += g * g;
-  }
-  const double count = y->count(), n = p.local_size();
-  dyy /= count;
-  xx /= count;
-  dd /= count;
-  return 2. * p.alpha() * p.beta() / (n * p.k() * std::sqrt(3.)) *
-         std::sqrt(n * n * dyy + n * xx * dd);
-}
-
-// BatchNorm's input gradient is dx = (dy - mean(dy) - y mean(dy y)) / std per channel, y its
-// normalised output. An error e in y (|e| <= eb, uniform) moves dx by about -e mean(dy y) / std
-// (the term with mean(dy e) averages over the channel's N x H x W values and is negligible), so
-// the RMS error of dx is eb * sqrt(S / (3 C)) with S = sum_c (mean_c(dy y) / std_c)^2. Returns S,
-// computed from the y the backward is about to read.
-template <typename Dtype>
-double CometStore<Dtype>::BatchNormErrorScale(int layer) {
-  Layer<Dtype>* l = net_->layers()[layer].get();
-  const Blob<Dtype>* y = CometLayerAccess<Dtype>::bn_x_norm(l);
-  const Blob<Dtype>* sd = CometLayerAccess<Dtype>::bn_std(l);
-  const Blob<Dtype>* top = net_->top_vecs()[layer][0];
-  const int num = y->shape(0), channels = sd->count();
-  const int spatial = y->count() / (num * channels);
-  const Dtype* yd = y->cpu_data();
-  const Dtype* dy = top->cpu_diff();
-  const Dtype* s = sd->cpu_data();
-  double total = 0;
-  for (int c = 0; c < channels; ++c) {
-    double m1 = 0;
-    for (int n = 0; n < num; ++n) {
-      const size_t off = (static_cast<size_t>(n) * channels + c) * spatial;
-      for (int i = 0; i < spatial; ++i) m1 += static_cast<double>(dy[off + i]) * yd[off + i];
-    }
-    m1 /= static_cast<double>(num) * spatial;
-    const double r = m1 / s[c];
-    total += r * r;
-  }
-  return total;
+  if (measuring_) bounds_.BeforeBackward(layer);
 }
 
 // ReLU's backward needs only the signs of its input, which the store holds as a mask: it computes
@@ -580,64 +479,10 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
   relu_skipped_[layer] = true;
 }
 
-// Whether this iteration measures the error estimate of this layer (an adaptive bound whose
-// layer runs backward and has weights).
-template <typename Dtype>
-bool CometStore<Dtype>::Measures(int layer) const {
-  if (!measuring_ || plan_.bound_of_layer[layer] < 0 || !net_->layer_need_backward()[layer])
-    return false;
-  const Bound& bd = bounds_[plan_.bound_of_layer[layer]];
-  if (!bd.adapt || bd.follow >= 0) return false;
-  return bd.rule != CometPlanBound::WEIGHT_GRADIENT || !net_->layers()[layer]->blobs().empty();
-}
-
 template <typename Dtype>
 void CometStore<Dtype>::AfterBackward(int layer) {
   CheckSharing(layer, true);
-  if (Measures(layer) && bounds_[plan_.bound_of_layer[layer]].rule == CometPlanBound::LRN) {
-    Bound& bd = bounds_[plan_.bound_of_layer[layer]];
-    const Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
-    const double dx_rms = std::sqrt(static_cast<double>(bottom->sumsq_diff()) / bottom->count());
-    const double per_eb = top_diff_sumsq_[layer];  // LrnErrorPerBound: error / eb
-    if (per_eb > 0 && dx_rms > 0 && std::isfinite(per_eb) && std::isfinite(dx_rms)) {
-      double eb = param_.adaptive_target() * dx_rms / per_eb;
-      eb = std::min<double>(std::max<double>(eb, param_.min_error_bound()),
-                            param_.max_error_bound());
-      bd.eb = static_cast<float>(eb);
-    }
-  } else if (Measures(layer) &&
-             bounds_[plan_.bound_of_layer[layer]].rule == CometPlanBound::BATCHNORM) {
-    // BatchNormErrorScale: RMS error of dx = eb * sqrt(S / (3 C)); keep it below adaptive_target
-    // times the RMS of dx.
-    Bound& bd = bounds_[plan_.bound_of_layer[layer]];
-    const Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
-    const double channels = CometLayerAccess<Dtype>::bn_std(net_->layers()[layer].get())->count();
-    const double dx_rms = std::sqrt(static_cast<double>(bottom->sumsq_diff()) / bottom->count());
-    const double per_eb = std::sqrt(top_diff_sumsq_[layer] / (3. * channels));  // error / eb
-    if (per_eb > 0 && dx_rms > 0 && std::isfinite(per_eb) && std::isfinite(dx_rms)) {
-      double eb = param_.adaptive_target() * dx_rms / per_eb;
-      eb = std::min<double>(std::max<double>(eb, param_.min_error_bound()),
-                            param_.max_error_bound());
-      bd.eb = static_cast<float>(eb);
-    }
-  } else if (Measures(layer)) {
-    // Weight gradient dW = sum x (x) dy. An input error uniform in [-eb, eb] gives each weight
-    // an error of standard deviation eb/sqrt(3) * ||dy_o|| (dy_o: the output channel the weight
-    // feeds), so the RMS error over the weights is eb * ||dy|| / sqrt(3 O), O output channels.
-    // Keep it below adaptive_target times the RMS of dW (docs/comet.md).
-    Bound& bd = bounds_[plan_.bound_of_layer[layer]];
-    Blob<Dtype>* w = net_->layers()[layer]->blobs()[0].get();
-    const double out_channels = w->shape(0);
-    const double grad_rms = std::sqrt(static_cast<double>(w->sumsq_diff()) / w->count());
-    const double dy = std::sqrt(top_diff_sumsq_[layer]);
-    if (dy > 0 && grad_rms > 0 && std::isfinite(dy) && std::isfinite(grad_rms)) {
-      const double per_eb = dy / std::sqrt(3. * out_channels) / grad_rms;  // error / eb
-      double eb = param_.adaptive_target() / per_eb;
-      eb = std::min<double>(std::max<double>(eb, param_.min_error_bound()),
-                            param_.max_error_bound());
-      bd.eb = static_cast<float>(eb);
-    }
-  }
+  if (measuring_) bounds_.AfterBackward(layer);
   if (relu_skipped_[layer]) {
     const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = true;
     relu_skipped_[layer] = false;
@@ -821,61 +666,12 @@ void CometStore<Dtype>::Report() {
 
 template <typename Dtype>
 void CometStore<Dtype>::Save(const std::string& filename) const {
-  CometState state;
-  state.set_iter(solver_->iter());
-  for (int b = 0; b < bounds_.size(); ++b) {
-    CometState::LayerBound* lb = state.add_bound();
-    lb->set_layer(bounds_[b].layer);
-    lb->set_error_bound(bounds_[b].eb);
-  }
-  LOG(INFO) << "COMET: saving error bounds to " << filename;
-  WriteProtoToTextFile(state, filename);
+  bounds_.Save(filename, solver_->iter());
 }
 
 template <typename Dtype>
 void CometStore<Dtype>::Load(const std::string& solverstate_filename) {
-  std::string base = solverstate_filename;
-  const char* suffixes[] = {".solverstate.h5", ".solverstate"};
-  for (int i = 0; i < 2; ++i) {
-    const std::string s(suffixes[i]);
-    if (base.size() > s.size() && base.compare(base.size() - s.size(), s.size(), s) == 0) {
-      base = base.substr(0, base.size() - s.size());
-      break;
-    }
-  }
-  const std::string filename = base + ".cometstate";
-  std::ifstream probe(filename.c_str());
-  if (!probe.good()) {
-    LOG(WARNING) << "COMET: no " << filename << " beside the snapshot; error bounds start over";
-    return;
-  }
-  CometState state;
-  if (!ReadProtoFromTextFile(filename, &state)) CometFatal("COMET: cannot parse " + filename);
-  if (!state.has_iter() && state.bound_size() == 0)
-    CometFatal("COMET: " + filename + " is empty; delete it to start the error bounds over");
-  if (state.iter() != solver_->iter())
-    CometFatal("COMET: " + filename + " belongs to iteration " + Num(state.iter()) +
-               ", the solver state to iteration " + Num(solver_->iter()));
-  int restored = 0;
-  for (int i = 0; i < state.bound_size(); ++i) {
-    const float eb = state.bound(i).error_bound();
-    if (!(eb > 0) || !std::isfinite(eb))
-      CometFatal("COMET: bad error bound " + Num(eb) + " for layer " + state.bound(i).layer() +
-                 " in " + filename);
-    bool known = false;
-    for (int b = 0; b < bounds_.size(); ++b) {
-      if (bounds_[b].layer != state.bound(i).layer()) continue;
-      known = true;
-      if (!bounds_[b].fixed) {
-        bounds_[b].eb = eb;
-        ++restored;
-      }
-    }
-    if (!known)
-      CometFatal("COMET: " + filename + " has a bound for layer " + state.bound(i).layer() +
-                 ", which this net does not store lossy (another net's state?)");
-  }
-  LOG(INFO) << "COMET: restored " << restored << " error bounds from " << filename;
+  bounds_.Load(solverstate_filename, solver_->iter());
 }
 
 INSTANTIATE_CLASS(CometStore);

@@ -1,0 +1,55 @@
+#ifndef CAFFE_COMET_BOUNDS_HPP_
+#define CAFFE_COMET_BOUNDS_HPP_
+
+// COMET-Caffe: the error bounds of a train net's lossy entries and the adaptive rules that set
+// them (docs/comet.md#adaptive-error-bounds-the-derivation). The store asks for the bound of an
+// entry before it encodes, and on measuring iterations calls BeforeBackward/AfterBackward around
+// each layer's backward; the rule of the layer's bound measures what it needs and sets it.
+
+#include <string>
+#include <vector>
+
+#include "caffe/comet/plan.hpp"
+#include "caffe/net.hpp"
+#include "caffe/proto/caffe.pb.h"
+
+namespace caffe {
+
+template <typename Dtype>
+class CometBounds {
+ public:
+  CometBounds(const Net<Dtype>* net, const CometParameter& param) : net_(net), param_(param) {}
+
+  // Takes a new plan's bounds; a layer's bound keeps the value it had under the old plan.
+  void Reset(const CometPlan& plan);
+  const std::vector<CometPlanBound>& all() const { return bounds_; }
+  float Of(int b) const;  // the bound in effect (an LRN that follows takes its leader's)
+  float Of(const std::string& layer) const;  // -1 for a layer without a bound
+  void Set(const std::string& layer, float eb);
+  float ForEntry(const CometPlanEntry& e) const;  // the tightest bound of its readers
+
+  // Measuring iterations: around the backward of each layer whose adaptive rule applies.
+  void BeforeBackward(int layer);
+  void AfterBackward(int layer);
+
+  // <prefix>_iter_N.cometstate beside the solver state: written at snapshots, and read back on
+  // restore, where a file that is empty, foreign or of another iteration is refused.
+  void Save(const std::string& filename, int iter) const;
+  void Load(const std::string& solverstate_filename, int iter);
+
+ private:
+  bool Measures(int layer) const;
+  double BatchNormErrorScale(int layer) const;
+  double LrnErrorPerBound(int layer) const;
+  void SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms);
+
+  const Net<Dtype>* net_;
+  CometParameter param_;
+  std::vector<CometPlanBound> bounds_;
+  std::vector<int> bound_of_layer_;  // layer -> bound or -1
+  std::vector<double> measured_;     // layer -> what BeforeBackward measured
+};
+
+}  // namespace caffe
+
+#endif  // CAFFE_COMET_BOUNDS_HPP_
