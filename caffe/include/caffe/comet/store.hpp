@@ -9,29 +9,12 @@
 #include "caffe/comet/bounds.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/plan.hpp"
+#include "caffe/comet/statistics.hpp"
 #include "caffe/net.hpp"
 #include "caffe/proto/caffe.pb.h"
 #include "caffe/solver.hpp"
 
 namespace caffe {
-
-// Current and peak bytes held by the train net, by kind, sampled at every layer boundary.
-struct CometMemory {
-  enum Kind { WEIGHTS = 0, ACTIVATIONS, GRADIENTS, COMPRESSED, SCRATCH, NUM_KINDS };
-  static const char* name(int kind);
-  CometMemory() : peak_total(0) {
-    for (int k = 0; k < NUM_KINDS; ++k) current[k] = peak[k] = at_peak[k] = 0;
-  }
-  size_t total() const {
-    size_t t = 0;
-    for (int k = 0; k < NUM_KINDS; ++k) t += current[k];
-    return t;
-  }
-  size_t current[NUM_KINDS];
-  size_t peak[NUM_KINDS];     // each kind's own maximum
-  size_t at_peak[NUM_KINDS];  // the split of the total at its peak
-  size_t peak_total;
-};
 
 // The activation store of a train net (docs/comet.md). After the last forward reader of a blob
 // whose data some backward step needs, it compresses the data (lossy for the inputs of the layer
@@ -47,30 +30,14 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   CometStore(Solver<Dtype>* solver, const CometParameter& param);
   virtual ~CometStore();
 
-  // A planned entry (plan.hpp) with what the store did with it.
-  struct Entry : public CometPlanEntry {
-    explicit Entry(const CometPlanEntry& planned = CometPlanEntry())
-        : CometPlanEntry(planned), timing(new CometTiming()), dense_bytes(0), stored_bytes(0),
-          encode_ms(0), eb_sum(0), samples(0), last_ratio(0), last_ms(0), last_eb(0),
-          last_dense(0), last_stored(0) {}
-    shared_ptr<CometTiming> timing;
-    // The payload of the last forward: it goes back onto the memory after the last backward
-    // reader, so a second backward or a later read decodes it again instead of reading zeros.
-    shared_ptr<CometPayload> stored;
-    // current display window
-    double dense_bytes, stored_bytes, encode_ms, eb_sum;
-    int samples;
-    // last reported window
-    double last_ratio, last_ms, last_eb;
-    size_t last_dense, last_stored;
-  };
+  typedef CometEntry Entry;
   typedef CometPlanBound Bound;
 
   const std::vector<Entry>& entries() const { return entries_; }
   const std::vector<Bound>& bounds() const { return bounds_.all(); }
-  const CometMemory& memory() const { return memory_; }
+  const CometMemory& memory() const { return stats_.memory(); }
   const CometParameter& param() const { return param_; }
-  int last_report_iter() const { return last_report_iter_; }
+  int last_report_iter() const { return stats_.last_report_iter(); }
   std::string Plan() const;  // human-readable plan, one line per entry
 
   float bound(const std::string& layer) const { return bounds_.Of(layer); }
@@ -101,7 +68,6 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   void StorePrivate(Entry* e);
   void ReluBackwardFromMask(int layer);
   void Sample();
-  void Report();
 
   Solver<Dtype>* solver_;
   Net<Dtype>* net_;
@@ -113,11 +79,8 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   std::vector<Entry> entries_;                      // plan_.entries with what was done
   std::vector<bool> relu_skipped_;                  // layer -> backward done from the mask
   std::vector<shared_ptr<Hook> > hooks_;
-  CometMemory memory_;
+  CometStatistics<Dtype> stats_;
   bool measuring_;
-  int last_report_iter_;
-  std::string stats_path_;
-  std::ofstream stats_;
 };
 
 }  // namespace caffe

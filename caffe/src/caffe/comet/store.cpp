@@ -17,10 +17,6 @@
 
 namespace caffe {
 
-const char* CometMemory::name(int kind) {
-  static const char* names[] = {"weights", "activations", "gradients", "compressed", "scratch"};
-  return names[kind];
-}
 
 // Forwards one of Net's four per-layer callbacks to the store.
 template <typename Dtype>
@@ -46,13 +42,6 @@ class CometStore<Dtype>::Hook : public Net<Dtype>::Callback {
 
 namespace {
 
-std::string FormatBytes(double b) {
-  char buf[32];
-  if (b >= 1 << 30) snprintf(buf, sizeof(buf), "%.2f GB", b / (1 << 30));
-  else if (b >= 1 << 20) snprintf(buf, sizeof(buf), "%.1f MB", b / (1 << 20));
-  else snprintf(buf, sizeof(buf), "%.1f KB", b / 1024.);
-  return buf;
-}
 
 bool OnDevice(const SyncedMemory* mem) {
   return Caffe::mode() == Caffe::GPU &&
@@ -124,7 +113,7 @@ void CheckSettings(const CometParameter& p, const Net<Dtype>& net) {
 template <typename Dtype>
 CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param)
     : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
-      measuring_(false), last_report_iter_(-1) {
+      stats_(net_, param_), measuring_(false) {
   CheckSettings(param_, *net_);
   relu_skipped_.assign(net_->layers().size(), false);
   MakePlan();
@@ -145,10 +134,10 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
     CometPoolsSetHeadroom(param_.memory_pool_headroom());
   }
 
-  stats_path_ = param_.stats_file();
-  if (stats_path_.empty() && solver->param().has_snapshot_prefix()) {
-    stats_path_ = solver->param().snapshot_prefix() + "_comet.csv";
-  }
+  std::string stats_path = param_.stats_file();
+  if (stats_path.empty() && solver->param().has_snapshot_prefix())
+    stats_path = solver->param().snapshot_prefix() + "_comet.csv";
+  stats_.set_path(stats_path);
   if (Caffe::root_solver()) {
     LOG(INFO) << "COMET: activation store on; error bounds "
               << (param_.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE ? "ADAPTIVE"
@@ -508,46 +497,12 @@ void CometStore<Dtype>::AfterBackward(int layer) {
   Sample();
 }
 
-namespace {
-
-// Adds mem's size to *bytes when it holds dense memory and was not counted yet (shared blobs).
-void CountOnce(const SyncedMemory* mem, std::set<const SyncedMemory*>* seen, size_t* bytes) {
-  if (mem && seen->insert(mem).second && mem->head() != SyncedMemory::UNINITIALIZED)
-    *bytes += mem->size();
-}
-
-}  // namespace
-
 template <typename Dtype>
 void CometStore<Dtype>::Sample() {
-  size_t cur[CometMemory::NUM_KINDS] = {0, 0, 0, 0, 0};
-  std::set<const SyncedMemory*> seen;
-  const std::vector<shared_ptr<Blob<Dtype> > >& blobs = net_->blobs();
-  for (int b = 0; b < blobs.size(); ++b) {
-    CountOnce(blobs[b]->data().get(), &seen, &cur[CometMemory::ACTIVATIONS]);
-    CountOnce(blobs[b]->diff().get(), &seen, &cur[CometMemory::GRADIENTS]);
-  }
-  const std::vector<Blob<Dtype>*>& params = net_->learnable_params();
-  for (int p = 0; p < params.size(); ++p) {
-    CountOnce(params[p]->data().get(), &seen, &cur[CometMemory::WEIGHTS]);
-    CountOnce(params[p]->diff().get(), &seen, &cur[CometMemory::GRADIENTS]);
-  }
-  for (int e = 0; e < entries_.size(); ++e) {  // every payload is held by its entry
-    if (entries_[e].stored) cur[CometMemory::COMPRESSED] += entries_[e].stored->stored_bytes();
-    if (entries_[e].layer >= 0)
-      CountOnce(PrivateBuffer(entries_[e]), &seen, &cur[CometMemory::ACTIVATIONS]);
-  }
-  cur[CometMemory::SCRATCH] = CometGpuPoolQuery().cached;
-  size_t total = 0;
-  for (int k = 0; k < CometMemory::NUM_KINDS; ++k) {
-    memory_.current[k] = cur[k];
-    memory_.peak[k] = std::max(memory_.peak[k], cur[k]);
-    total += cur[k];
-  }
-  if (total > memory_.peak_total) {
-    memory_.peak_total = total;
-    for (int k = 0; k < CometMemory::NUM_KINDS; ++k) memory_.at_peak[k] = cur[k];
-  }
+  std::vector<const SyncedMemory*> buffers;
+  for (int e = 0; e < entries_.size(); ++e)
+    if (entries_[e].layer >= 0) buffers.push_back(PrivateBuffer(entries_[e]));
+  stats_.Sample(entries_, buffers);
 }
 
 template <typename Dtype>
@@ -565,103 +520,7 @@ void CometStore<Dtype>::on_gradients_ready() {
   os << "outside the training step (pycaffe or a tool), after iteration " << solver_->iter();
   CometSetReadContext(os.str());
   const int display = solver_->param().display();
-  if (display && solver_->iter() % display == 0) Report();
-}
-
-template <typename Dtype>
-void CometStore<Dtype>::Report() {
-  const int iter = solver_->iter();
-  last_report_iter_ = iter;
-  double dense = 0, stored = 0;                // net blobs
-  double private_dense = 0, private_stored = 0;  // layer-private buffers
-  const bool root = Caffe::root_solver();
-  if (root && !stats_path_.empty() && !stats_.is_open()) {
-    std::ifstream exists(stats_path_.c_str());
-    const bool fresh = !exists.good();
-    stats_.open(stats_path_.c_str(), std::ios::app);
-    if (!stats_.good()) {
-      LOG(WARNING) << "COMET: cannot write statistics to " << stats_path_;
-      stats_path_.clear();
-    } else if (fresh) {
-      stats_ << "iter,layer,blob,kind,ratio,eb,ms,dense_bytes,stored_bytes,peak_bytes,"
-                "weights_bytes,activations_bytes,gradients_bytes,compressed_bytes,scratch_bytes\n";
-    }
-  }
-  for (int i = 0; i < entries_.size(); ++i) {
-    Entry& e = entries_[i];
-    if (e.action == RELEASE || (e.action == KEEP && e.layer < 0)) continue;
-    if (e.samples == 0) continue;
-    e.last_dense = static_cast<size_t>(e.dense_bytes / e.samples);
-    e.last_stored = static_cast<size_t>(e.stored_bytes / e.samples);
-    e.last_ratio = e.stored_bytes > 0 ? e.dense_bytes / e.stored_bytes : 0;
-    e.last_ms = (e.encode_ms + e.timing->decode_ms) / e.samples;
-    e.last_eb = e.action == LOSSY ? e.eb_sum / e.samples : 0;  // the bound actually used
-    (e.layer >= 0 ? private_dense : dense) += e.last_dense;
-    (e.layer >= 0 ? private_stored : stored) += e.last_stored;
-    if (root) {
-      char line[256];
-      if (e.action == LOSSY) {
-        snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, eb %.1e, %.1f ms", e.name.c_str(),
-                 e.last_ratio, e.last_eb, e.last_ms);
-      } else if (e.action == KEEP) {
-        snprintf(line, sizeof(line), "COMET %s: %s kept dense, %s", e.name.c_str(),
-                 e.blob.substr(e.name.size() + 1).c_str(), FormatBytes(e.last_dense).c_str());
-      } else if (e.action == REBUILD) {
-        snprintf(line, sizeof(line), "COMET %s: %s rebuilt, freed %s, %.1f ms", e.name.c_str(),
-                 e.source >= 0 ? "input copy" : "temp", FormatBytes(e.last_dense).c_str(),
-                 e.last_ms);
-      } else if (e.action == RECOMPUTE) {
-        snprintf(line, sizeof(line), "COMET %s: scale recomputed, freed %s, %.1f ms",
-                 e.name.c_str(), FormatBytes(e.last_dense).c_str(), e.last_ms);
-      } else {
-        snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, %s, %.1f ms", e.name.c_str(),
-                 e.last_ratio, e.action == MASK ? "mask" : e.action == ARGMAX ? "argmax"
-                                                                             : "dropout mask",
-                 e.last_ms);
-      }
-      LOG(INFO) << line;
-      if (stats_.is_open()) {
-        stats_ << iter << "," << e.name << "," << e.blob << "," << ActionName(e.action) << ","
-               << e.last_ratio << "," << e.last_eb << "," << e.last_ms << "," << e.last_dense
-               << "," << e.last_stored << ",,,,,,\n";
-      }
-    }
-    e.dense_bytes = e.stored_bytes = e.encode_ms = e.eb_sum = 0;
-    e.timing->decode_ms = 0;
-    e.samples = 0;
-  }
-  if (!root) return;
-  const CometMemory& m = memory_;
-  char line[640];
-  char buffers[128] = "";
-  if (private_dense > 0) {
-    snprintf(buffers, sizeof(buffers), ", layer buffers %s -> %s",
-             FormatBytes(private_dense).c_str(), FormatBytes(private_stored).c_str());
-  }
-  snprintf(line, sizeof(line),
-           "COMET total: activations %s -> %s (%.1fx)%s, peak memory %s (weights %s, activations "
-           "%s, gradients %s, compressed %s, scratch %s)",
-           FormatBytes(dense).c_str(), FormatBytes(stored).c_str(),
-           stored > 0 ? dense / stored : 0., buffers, FormatBytes(m.peak_total).c_str(),
-           FormatBytes(m.at_peak[CometMemory::WEIGHTS]).c_str(),
-           FormatBytes(m.at_peak[CometMemory::ACTIVATIONS]).c_str(),
-           FormatBytes(m.at_peak[CometMemory::GRADIENTS]).c_str(),
-           FormatBytes(m.at_peak[CometMemory::COMPRESSED]).c_str(),
-           FormatBytes(m.at_peak[CometMemory::SCRATCH]).c_str());
-  LOG(INFO) << line;
-  if (param_.memory_pool()) {
-    const CometPoolStats pool = CometPoolQuery();
-    LOG(INFO) << "COMET memory pool: reused " << pool.hits << ", allocated " << pool.misses
-              << ", returned " << pool.evicted << ", cached " << FormatBytes(pool.cached);
-  }
-  if (stats_.is_open()) {
-    stats_ << iter << ",total,," << "total" << "," << (stored > 0 ? dense / stored : 0) << ",,,"
-           << static_cast<size_t>(dense) << "," << static_cast<size_t>(stored) << ","
-           << m.peak_total;
-    for (int k = 0; k < CometMemory::NUM_KINDS; ++k) stats_ << "," << m.at_peak[k];
-    stats_ << "\n";
-    stats_.flush();
-  }
+  if (display && solver_->iter() % display == 0) stats_.Report(solver_->iter(), &entries_);
 }
 
 template <typename Dtype>

@@ -1,0 +1,164 @@
+// COMET-Caffe: memory samples and reports (include/caffe/comet/statistics.hpp).
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "caffe/comet/statistics.hpp"
+
+namespace caffe {
+
+const char* CometMemory::name(int kind) {
+  static const char* names[] = {"weights", "activations", "gradients", "compressed", "scratch"};
+  return names[kind];
+}
+
+namespace {
+
+std::string FormatBytes(double b) {
+  char buf[32];
+  if (b >= 1 << 30) snprintf(buf, sizeof(buf), "%.2f GB", b / (1 << 30));
+  else if (b >= 1 << 20) snprintf(buf, sizeof(buf), "%.1f MB", b / (1 << 20));
+  else snprintf(buf, sizeof(buf), "%.1f KB", b / 1024.);
+  return buf;
+}
+
+// Adds mem's size to *bytes when it holds dense memory and was not counted yet (shared blobs).
+void CountOnce(const SyncedMemory* mem, std::set<const SyncedMemory*>* seen, size_t* bytes) {
+  if (mem && seen->insert(mem).second && mem->head() != SyncedMemory::UNINITIALIZED)
+    *bytes += mem->size();
+}
+
+}  // namespace
+
+template <typename Dtype>
+void CometStatistics<Dtype>::Sample(const std::vector<CometEntry>& entries,
+                                    const std::vector<const SyncedMemory*>& private_buffers) {
+  size_t cur[CometMemory::NUM_KINDS] = {0, 0, 0, 0, 0};
+  std::set<const SyncedMemory*> seen;
+  const std::vector<shared_ptr<Blob<Dtype> > >& blobs = net_->blobs();
+  for (int b = 0; b < blobs.size(); ++b) {
+    CountOnce(blobs[b]->data().get(), &seen, &cur[CometMemory::ACTIVATIONS]);
+    CountOnce(blobs[b]->diff().get(), &seen, &cur[CometMemory::GRADIENTS]);
+  }
+  const std::vector<Blob<Dtype>*>& params = net_->learnable_params();
+  for (int p = 0; p < params.size(); ++p) {
+    CountOnce(params[p]->data().get(), &seen, &cur[CometMemory::WEIGHTS]);
+    CountOnce(params[p]->diff().get(), &seen, &cur[CometMemory::GRADIENTS]);
+  }
+  for (int e = 0; e < entries.size(); ++e)  // every payload is held by its entry
+    if (entries[e].stored) cur[CometMemory::COMPRESSED] += entries[e].stored->stored_bytes();
+  for (int b = 0; b < private_buffers.size(); ++b)
+    CountOnce(private_buffers[b], &seen, &cur[CometMemory::ACTIVATIONS]);
+  cur[CometMemory::SCRATCH] = CometGpuPoolQuery().cached;
+  size_t total = 0;
+  for (int k = 0; k < CometMemory::NUM_KINDS; ++k) {
+    memory_.current[k] = cur[k];
+    memory_.peak[k] = std::max(memory_.peak[k], cur[k]);
+    total += cur[k];
+  }
+  if (total > memory_.peak_total) {
+    memory_.peak_total = total;
+    for (int k = 0; k < CometMemory::NUM_KINDS; ++k) memory_.at_peak[k] = cur[k];
+  }
+}
+
+template <typename Dtype>
+void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) {
+  last_report_iter_ = iter;
+  double dense = 0, stored = 0;                // net blobs
+  double private_dense = 0, private_stored = 0;  // layer-private buffers
+  const bool root = Caffe::root_solver();
+  if (root && !path_.empty() && !csv_.is_open()) {
+    std::ifstream exists(path_.c_str());
+    const bool fresh = !exists.good();
+    csv_.open(path_.c_str(), std::ios::app);
+    if (!csv_.good()) {
+      LOG(WARNING) << "COMET: cannot write statistics to " << path_;
+      path_.clear();
+    } else if (fresh) {
+      csv_ << "iter,layer,blob,kind,ratio,eb,ms,dense_bytes,stored_bytes,peak_bytes,"
+                "weights_bytes,activations_bytes,gradients_bytes,compressed_bytes,scratch_bytes\n";
+    }
+  }
+  for (int i = 0; i < entries->size(); ++i) {
+    CometEntry& e = (*entries)[i];
+    if (e.action == CometActions::RELEASE || (e.action == CometActions::KEEP && e.layer < 0)) continue;
+    if (e.samples == 0) continue;
+    e.last_dense = static_cast<size_t>(e.dense_bytes / e.samples);
+    e.last_stored = static_cast<size_t>(e.stored_bytes / e.samples);
+    e.last_ratio = e.stored_bytes > 0 ? e.dense_bytes / e.stored_bytes : 0;
+    e.last_ms = (e.encode_ms + e.timing->decode_ms) / e.samples;
+    e.last_eb = e.action == CometActions::LOSSY ? e.eb_sum / e.samples : 0;  // the bound actually used
+    (e.layer >= 0 ? private_dense : dense) += e.last_dense;
+    (e.layer >= 0 ? private_stored : stored) += e.last_stored;
+    if (root) {
+      char line[256];
+      if (e.action == CometActions::LOSSY) {
+        snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, eb %.1e, %.1f ms", e.name.c_str(),
+                 e.last_ratio, e.last_eb, e.last_ms);
+      } else if (e.action == CometActions::KEEP) {
+        snprintf(line, sizeof(line), "COMET %s: %s kept dense, %s", e.name.c_str(),
+                 e.blob.substr(e.name.size() + 1).c_str(), FormatBytes(e.last_dense).c_str());
+      } else if (e.action == CometActions::REBUILD) {
+        snprintf(line, sizeof(line), "COMET %s: %s rebuilt, freed %s, %.1f ms", e.name.c_str(),
+                 e.source >= 0 ? "input copy" : "temp", FormatBytes(e.last_dense).c_str(),
+                 e.last_ms);
+      } else if (e.action == CometActions::RECOMPUTE) {
+        snprintf(line, sizeof(line), "COMET %s: scale recomputed, freed %s, %.1f ms",
+                 e.name.c_str(), FormatBytes(e.last_dense).c_str(), e.last_ms);
+      } else {
+        snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, %s, %.1f ms", e.name.c_str(),
+                 e.last_ratio, e.action == CometActions::MASK ? "mask" : e.action == CometActions::ARGMAX ? "argmax"
+                                                                             : "dropout mask",
+                 e.last_ms);
+      }
+      LOG(INFO) << line;
+      if (csv_.is_open()) {
+        csv_ << iter << "," << e.name << "," << e.blob << "," << CometActions::ActionName(e.action) << ","
+               << e.last_ratio << "," << e.last_eb << "," << e.last_ms << "," << e.last_dense
+               << "," << e.last_stored << ",,,,,,\n";
+      }
+    }
+    e.dense_bytes = e.stored_bytes = e.encode_ms = e.eb_sum = 0;
+    e.timing->decode_ms = 0;
+    e.samples = 0;
+  }
+  if (!root) return;
+  const CometMemory& m = memory_;
+  char line[640];
+  char buffers[128] = "";
+  if (private_dense > 0) {
+    snprintf(buffers, sizeof(buffers), ", layer buffers %s -> %s",
+             FormatBytes(private_dense).c_str(), FormatBytes(private_stored).c_str());
+  }
+  snprintf(line, sizeof(line),
+           "COMET total: activations %s -> %s (%.1fx)%s, peak memory %s (weights %s, activations "
+           "%s, gradients %s, compressed %s, scratch %s)",
+           FormatBytes(dense).c_str(), FormatBytes(stored).c_str(),
+           stored > 0 ? dense / stored : 0., buffers, FormatBytes(m.peak_total).c_str(),
+           FormatBytes(m.at_peak[CometMemory::WEIGHTS]).c_str(),
+           FormatBytes(m.at_peak[CometMemory::ACTIVATIONS]).c_str(),
+           FormatBytes(m.at_peak[CometMemory::GRADIENTS]).c_str(),
+           FormatBytes(m.at_peak[CometMemory::COMPRESSED]).c_str(),
+           FormatBytes(m.at_peak[CometMemory::SCRATCH]).c_str());
+  LOG(INFO) << line;
+  if (param_.memory_pool()) {
+    const CometPoolStats pool = CometPoolQuery();
+    LOG(INFO) << "COMET memory pool: reused " << pool.hits << ", allocated " << pool.misses
+              << ", returned " << pool.evicted << ", cached " << FormatBytes(pool.cached);
+  }
+  if (csv_.is_open()) {
+    csv_ << iter << ",total,," << "total" << "," << (stored > 0 ? dense / stored : 0) << ",,,"
+           << static_cast<size_t>(dense) << "," << static_cast<size_t>(stored) << ","
+           << m.peak_total;
+    for (int k = 0; k < CometMemory::NUM_KINDS; ++k) csv_ << "," << m.at_peak[k];
+    csv_ << "\n";
+    csv_.flush();
+  }
+}
+
+INSTANTIATE_CLASS(CometStatistics);
+
+}  // namespace caffe
