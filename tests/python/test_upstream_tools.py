@@ -1,0 +1,84 @@
+"""Upstream Caffe's own log and net tools (tools/extra in the patched tree) on the fork's logs
+and nets, under Python 3 (patch 0017) and with the classic log prefix (patch 0016)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import WF_NEEDS_BUILD, WF_REPO
+
+
+def _tools() -> Path:
+    from cometctl.paths import pycaffe_dir
+
+    return pycaffe_dir().parent / "tools" / "extra"
+
+
+def _env() -> dict:
+    from cometctl.paths import pycaffe_dir
+
+    return dict(os.environ, PYTHONPATH=str(pycaffe_dir()), MPLBACKEND="Agg")
+
+
+@WF_NEEDS_BUILD
+def test_parse_log_writes_its_two_csvs_from_a_cometctl_run(wf_short_run, tmp_path):
+    log = wf_short_run / "caffe.log"
+    assert "COMET" in log.read_text()  # the fork's own lines are in it
+    out = subprocess.run([sys.executable, str(_tools() / "parse_log.py"), str(log), str(tmp_path)],
+                         capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    train = list(csv.DictReader(open(tmp_path / "caffe.log.train")))
+    test = list(csv.DictReader(open(tmp_path / "caffe.log.test")))
+    # 30 iterations displayed every 5, tested every 15 (conftest.wf_short_run)
+    assert [int(float(r["NumIters"])) for r in train] == list(range(0, 30, 5))
+    assert {"NumIters", "Seconds", "LearningRate", "loss"} <= set(train[0])
+    assert all(float(r["loss"]) > 0 for r in train)
+    assert [int(float(r["NumIters"])) for r in test] == [0, 15, 30]
+    assert "accuracy" in test[0]
+    seconds = [float(r["Seconds"]) for r in train]
+    assert seconds == sorted(seconds) and seconds[-1] < 3600
+
+
+@WF_NEEDS_BUILD
+def test_extract_seconds_reads_the_fork_log(wf_short_run, tmp_path):
+    out_file = tmp_path / "seconds.txt"
+    out = subprocess.run([sys.executable, str(_tools() / "extract_seconds.py"),
+                          str(wf_short_run / "caffe.log"), str(out_file)],
+                         capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    values = [float(x) for x in out_file.read_text().split()]
+    assert len(values) >= 6 and values == sorted(values)
+
+
+@WF_NEEDS_BUILD
+def test_summarize_lists_the_shipped_caffenet():
+    out = subprocess.run([sys.executable, str(_tools() / "summarize.py"),
+                          str(WF_REPO / "models/bvlc_reference_caffenet/train_val.prototxt")],
+                         capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    for layer in ("conv1", "pool5", "fc8", "loss"):
+        assert layer in out.stdout
+
+
+@WF_NEEDS_BUILD
+def test_plot_training_log_draws_a_png(wf_short_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    script = tmp_path / "plot_training_log.py"
+    script.write_text((_tools() / "plot_training_log.py.example").read_text())
+    for helper in ("parse_log.sh", "extract_seconds.py"):
+        (tmp_path / helper).write_text((_tools() / helper).read_text())
+    (tmp_path / "parse_log.sh").chmod(0o755)
+    log = tmp_path / "run.log"
+    log.write_text((wf_short_run / "caffe.log").read_text())
+    png = tmp_path / "loss.png"
+    # chart 6: train loss against iterations
+    out = subprocess.run([sys.executable, str(script), "6", str(png), str(log)], cwd=tmp_path,
+                         capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
