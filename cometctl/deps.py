@@ -9,14 +9,15 @@ import subprocess
 from .errors import CometError
 
 # What the fork needs from Debian 12 to build (CPU variant): compilers, upstream Caffe's libraries,
-# Python headers for pycaffe, and our own needs (zstd for sz/, patch for the series).
+# Python headers for pycaffe, graphviz for pycaffe's draw_net (pydot runs its `dot`), and our own
+# needs (zstd for sz/, patch for the series).
 BUILD_PACKAGES = [
     "build-essential", "cmake", "ccache", "pkg-config", "patch", "git", "ca-certificates",
     "libboost-system-dev", "libboost-thread-dev", "libboost-filesystem-dev", "libboost-regex-dev",
     "libboost-python-dev", "libgoogle-glog-dev", "libgflags-dev", "libprotobuf-dev",
     "protobuf-compiler", "libhdf5-dev", "liblmdb-dev", "libleveldb-dev", "libsnappy-dev",
     "libopencv-dev", "libopenblas-dev", "python3-dev", "python3-venv", "libzstd-dev",
-    "libgtest-dev", "debian-archive-keyring",
+    "libgtest-dev", "debian-archive-keyring", "graphviz",
 ]
 
 
