@@ -1,0 +1,339 @@
+"""scripts/gpu-bundle and scripts/gpu-check without a GPU: the bundle builds under 60 MiB, and in an
+empty root (nothing but the unpacked bundle and this machine's CUDA toolkit lib64 standing for the GPU
+machine's CUDA runtime) every shipped binary starts under chroot and reports the missing driver or
+device instead of failing to load a library. Needs the CUDA build (`cometctl build --cuda --tests`,
+build/cuda); skipped without it.
+
+The root is entered with chroot(8) when this process may (root); otherwise the bundle's loader is run
+directly with a cleared environment, which checks less (a library missing from the bundle could still
+come from this machine's /lib), and the tests say so in their output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CUDA_BUILD = ROOT / "build" / "cuda"
+CUDA_LIB64 = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64"
+LIMIT = 60 * 2**20
+BUNDLE_IN_ROOT = "/bundle/gpu-check"
+LOAD_FAILURE = re.compile(r"error while loading shared libraries|cannot open shared object|"
+                          r"symbol lookup error|version `[^']+' not found|No such file or directory")
+
+pytestmark = pytest.mark.skipif(
+    not (CUDA_BUILD / "cmake" / "tools" / "caffe").exists()
+    or not (CUDA_BUILD / "cmake" / "test" / "test.testbin").exists()
+    or not CUDA_LIB64.is_dir(),
+    reason="the CUDA build is absent: run `PATH=/usr/local/cuda/bin:$PATH .venv/bin/cometctl build --cuda "
+           "--tests --cuda-arch 90` (scripts/test compiles it after pytest)")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "gpu-bundle.tar.xz"
+    proc = subprocess.run([str(ROOT / "scripts" / "gpu-bundle"), "--out", str(out), "--build-dir", str(CUDA_BUILD)],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _link_tree(src: Path, dest: Path, needed: set[str]) -> None:
+    """dest mirrors src (symlinks kept as they are, files hard-linked; nothing writes to them); where hard
+    links are refused (another file system), only the needed libraries are copied, under their SONAMEs."""
+    dest.mkdir(parents=True)
+    try:
+        for f in src.iterdir():
+            if f.is_symlink():
+                (dest / f.name).symlink_to(os.readlink(f))
+            elif f.is_file():
+                os.link(f, dest / f.name)
+        return
+    except OSError:
+        shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+    for name in needed:
+        f = src / name
+        if f.exists():
+            shutil.copy2(f.resolve(), dest / name)
+
+
+def _info(top: Path, key: str) -> str:
+    for line in (top / "BUILDINFO").read_text().splitlines():
+        if line.startswith(key + "="):
+            return line[len(key) + 1:]
+    return ""
+
+
+@pytest.fixture(scope="module")
+def root(bundle, tmp_path_factory) -> Path:
+    """An empty root: the bundle at /bundle, the CUDA toolkit's lib64 at /usr/local/cuda/lib64, /tmp."""
+    r = tmp_path_factory.mktemp("root")
+    (r / "bundle").mkdir()
+    subprocess.run(["tar", "-C", str(r / "bundle"), "-xf", str(bundle)], check=True)
+    top = r / BUNDLE_IN_ROOT.lstrip("/")
+    needed = set(_info(top, "cuda_sonames").split())
+    _link_tree(CUDA_LIB64.resolve(), r / "usr" / "local" / "cuda" / "lib64", needed)
+    (r / "tmp").mkdir(mode=0o1777)
+    (r / "work").mkdir()
+    return r
+
+
+def _run(root: Path, chroot: bool, cmd: list[str], cwd: str = "/work", env: dict | None = None,
+         timeout: int = 120) -> subprocess.CompletedProcess:
+    """cmd (paths as seen inside the root) with chroot(2) into root and chdir(cwd) there; without
+    chroot, the same paths under root on this machine."""
+    if chroot:
+        def enter():
+            os.chroot(root)
+            os.chdir(cwd)
+        return subprocess.run(cmd, capture_output=True, text=True, env=env or {}, timeout=timeout,
+                              preexec_fn=enter)
+    cmd = [str(root) + c if c.startswith(("/bundle", "/usr/local/cuda", "/work")) else c for c in cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or {}, timeout=timeout, cwd=str(root) + cwd)
+
+
+def _can_chroot(r: Path) -> bool:
+    try:
+        p = _run(r, True, [BUNDLE_IN_ROOT + "/lib/ld-linux-x86-64.so.2", "--version"], cwd="/", timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return p.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def run_in_root(root):
+    """run(binary, *args) -> CompletedProcess: libexec/BINARY through the bundle's loader, inside the root,
+    with no environment but GLOG_logtostderr=1."""
+    chroot = _can_chroot(root) and not os.environ.get("GPU_BUNDLE_TEST_NO_CHROOT")  # the latter: to try the fallback
+    print("empty root entered with chroot(2)" if chroot else
+          "chroot not permitted: the bundle's loader runs directly with a cleared environment")
+
+    def run(binary: str, *args: str, sz: bool = False, timeout: int = 120, cwd: str = "/work"):
+        libs = ([BUNDLE_IN_ROOT + "/lib/sz"] if sz else []) + [BUNDLE_IN_ROOT + "/lib", "/usr/local/cuda/lib64"]
+        if not chroot:
+            libs = [str(root) + d for d in libs]
+        cmd = [BUNDLE_IN_ROOT + "/lib/ld-linux-x86-64.so.2", "--library-path", ":".join(libs),
+               f"{BUNDLE_IN_ROOT}/libexec/{binary}", *args]
+        return _run(root, chroot, cmd, cwd=cwd, env={"GLOG_logtostderr": "1"}, timeout=timeout)
+
+    run.chroot = chroot
+    run.root = root
+    return run
+
+
+def _no_load_failure(p: subprocess.CompletedProcess) -> str:
+    out = p.stdout + p.stderr
+    assert not LOAD_FAILURE.search(out), out[-3000:]
+    return out
+
+
+# ---------------------------------------------------------------------------- the archive
+
+def test_bundle_is_under_60_mib_and_has_what_the_check_runs(bundle):
+    size = bundle.stat().st_size
+    assert size < LIMIT, f"{size / 2**20:.1f} MiB"
+    with tarfile.open(bundle) as t:
+        names = set(t.getnames())
+    for f in ("run", "env.sh", "BUILDINFO", "bin/caffe", "bin/test.testbin", "bin/sz_test_gpu", "bin/sz_bench",
+              "libexec/caffe", "lib/ld-linux-x86-64.so.2", "lib/libc.so.6", "lib/libcaffe.so.1.0.0",
+              "lib/libsz.so.1", "lib/sz/libsz.so.1", "models/caffenet/train_val.prototxt",
+              "models/resnet18/train_val.prototxt", "testroot/src/caffe/test/test_data/solver_data.h5"):
+        assert "gpu-check/" + f in names, f
+    # the driver and the CUDA runtime libraries come from the GPU machine
+    for n in names:
+        assert not re.search(r"/lib(cuda|cudart|cublas|cublasLt|curand|cudnn|nccl)\.so", n), n
+
+
+def test_every_shipped_elf_resolves_inside_the_root(root, run_in_root):
+    """`ld.so --list` on every binary and library: each NEEDED is found, in the bundle or the CUDA lib64."""
+    top = root / BUNDLE_IN_ROOT.lstrip("/")
+    files = [f"libexec/{b}" for b in ("caffe", "test.testbin", "sz_test_gpu", "sz_bench")]
+    files += [f"lib/{p.name}" for p in sorted((top / "lib").iterdir())
+              if p.is_file() and p.name != "ld-linux-x86-64.so.2"] + ["lib/sz/libsz.so.1"]
+    prefix = "" if run_in_root.chroot else str(root)
+    inside = (prefix + BUNDLE_IN_ROOT + "/", prefix + "/usr/local/cuda/lib64/")
+    for f in files:
+        libs = ([BUNDLE_IN_ROOT + "/lib/sz"] if "sz" in f else []) + [BUNDLE_IN_ROOT + "/lib", "/usr/local/cuda/lib64"]
+        libs = [prefix + d for d in libs]
+        cmd = [BUNDLE_IN_ROOT + "/lib/ld-linux-x86-64.so.2", "--library-path", ":".join(libs), "--list",
+               f"{BUNDLE_IN_ROOT}/{f}"]
+        p = _run(root, run_in_root.chroot, cmd, cwd="/")
+        assert p.returncode == 0 and "not found" not in p.stdout, f"{f}:\n{p.stdout}{p.stderr}"
+        for line in p.stdout.splitlines():
+            m = re.search(r"=> (\S+)", line)
+            if m:
+                assert m.group(1).startswith(inside), f"{f}: {line.strip()}"
+
+
+# ---------------------------------------------------------------------------- each binary starts
+
+def test_caffe_device_query_names_the_missing_driver(run_in_root):
+    p = run_in_root("caffe", "device_query", "-gpu", "0")
+    out = _no_load_failure(p)
+    assert p.returncode != 0
+    assert re.search(r"CUDA driver version is insufficient|no CUDA-capable device|cudaSuccess", out), out[-2000:]
+
+
+def test_testbin_lists_the_comet_and_upstream_gpu_tests(run_in_root):
+    p = run_in_root("test.testbin", "--gtest_list_tests")
+    out = _no_load_failure(p)
+    assert p.returncode == 0, out[-2000:]
+    assert "Cuda number of devices: 0" in out
+    assert "CometGPUTest." in out and "ConvolutionLayerTest/2." in out and "GPUMathFunctionsTest/0." in out
+
+
+def test_sz_gpu_tests_start_and_skip_without_a_device(run_in_root):
+    p = run_in_root("sz_test_gpu", sz=True)
+    out = _no_load_failure(p)
+    assert p.returncode == 0, out[-2000:]
+    assert "no CUDA device" in out and "PASSED" in out
+
+
+def test_sz_bench_runs_the_host_backend_and_finds_no_device(run_in_root):
+    p = run_in_root("sz_bench", "--mib", "1", "--reps", "1", "--threads", "1", "--gpu", sz=True)
+    out = _no_load_failure(p)
+    assert p.returncode == 0, out[-2000:]
+    assert re.search(r"cpu +1 threads: ratio", out) and "gpu: no device" in out, out
+
+
+TINY_NET = """name: "tiny"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 3.999 }
+                     shape { dim: 4 dim: 3 dim: 16 dim: 16 } shape { dim: 4 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 8 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
+  convolution_param { num_output: 8 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
+layer { name: "ip" type: "InnerProduct" bottom: "conv2" top: "ip"
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+SOLVER = """net: "{net}"
+base_lr: 0.01
+lr_policy: "fixed"
+max_iter: {iters}
+display: 1
+random_seed: 1701
+snapshot_after_train: false
+snapshot_prefix: "{prefix}"
+solver_mode: CPU
+comet {{ eb_mode: ADAPTIVE error_bound: 1e-3 adaptive_target: 0.05 update_interval: 1 }}
+"""
+
+
+def _small_copy(text: str) -> str:
+    """A bundled net at batch 2: its DummyData label shape and Tile count, and the image count."""
+    batch = re.search(r"tiles: (\d+)", text).group(1)
+    text = re.sub(r"tiles: \d+", "tiles: 2", text)
+    return re.sub(rf"shape {{\s*dim: {batch}\s*}}", "shape {\n      dim: 2\n    }", text)
+
+
+def test_caffe_trains_with_comet_in_the_root(root, run_in_root):
+    """The CUDA build's caffe in CPU mode, COMET on: a tiny net, then the bundled CaffeNet and ResNet-18
+    at batch 2 (their structure, the DummyData + Tile inputs and comet_param), two iterations each."""
+    (root / "work" / "tiny.prototxt").write_text(TINY_NET)
+    top = root / BUNDLE_IN_ROOT.lstrip("/")
+    work = "/work" if run_in_root.chroot else f"{root}/work"
+    nets = {"tiny": (f"{work}/tiny.prototxt", 3)}
+    for key in ("caffenet", "resnet18"):
+        text = (top / "models" / key / "train_val.prototxt").read_text()
+        (root / "work" / f"{key}.prototxt").write_text(_small_copy(text))
+        nets[key] = (f"{work}/{key}.prototxt", 2)
+    for name, (net, iters) in nets.items():
+        (root / "work" / f"{name}-solver.prototxt").write_text(
+            SOLVER.format(net=net, iters=iters, prefix=f"{work}/{name}"))
+        p = run_in_root("caffe", "train", "-solver", f"/work/{name}-solver.prototxt", timeout=600)
+        out = _no_load_failure(p)
+        assert p.returncode == 0, f"{name}:\n{out[-3000:]}"
+        assert "Optimization Done" in out and "COMET total:" in out, f"{name}:\n{out[-3000:]}"
+
+
+def test_wrappers_run_from_a_bare_shell_and_find_cuda(root, run_in_root):
+    """bin/* through a shell (dash, run by the bundle's own loader: the root has no libc of its own);
+    env.sh finds /usr/local/cuda/lib64 in the root."""
+    dash = shutil.which("dash")
+    if not dash or not run_in_root.chroot:
+        pytest.skip("needs dash and chroot")
+    shutil.copy2(dash, root / "bundle" / "sh")
+    sh = [BUNDLE_IN_ROOT + "/lib/ld-linux-x86-64.so.2", "--library-path", BUNDLE_IN_ROOT + "/lib", "/bundle/sh"]
+
+    def shell(script: str) -> subprocess.CompletedProcess:
+        return _run(root, True, [*sh, "-c", script], cwd="/work", env={"PATH": "/nonexistent"})
+
+    p = shell(f". {BUNDLE_IN_ROOT}/env.sh; echo \"[$GPU_BUNDLE_LIBPATH]\"")
+    assert p.stdout.strip() == "[:/usr/local/cuda/lib64]", p.stdout + p.stderr
+    # the root has no /bin/sh for the wrappers' #! line: the shell is given them as scripts
+    p = _run(root, True, [*sh, f"{BUNDLE_IN_ROOT}/bin/sz_bench", "--mib", "1", "--reps", "1", "--threads", "1",
+                          "--gpu"], env={"PATH": "/nonexistent"})
+    out = _no_load_failure(p)
+    assert p.returncode == 0 and "gpu: no device" in out, out
+    p = _run(root, True, [*sh, f"{BUNDLE_IN_ROOT}/bin/caffe", "device_query", "-gpu", "0"],
+             env={"PATH": "/nonexistent"})
+    out = _no_load_failure(p)
+    assert p.returncode != 0 and "CUDA driver version is insufficient" in out, out[-2000:]
+
+
+def test_env_sh_search_order(root, tmp_path):
+    """GPU_BUNDLE_CUDA_LIBS first, then $CUDA_HOME, ..., PyTorch's nvidia/*/lib wheel folders under ~/.local;
+    a library found nowhere is named."""
+    dash = shutil.which("dash") or shutil.which("sh")
+    env_sh = (root / BUNDLE_IN_ROOT.lstrip("/") / "env.sh").read_text()
+    env_sh = re.sub(r'^CUDA_SONAMES=".*"$', 'CUDA_SONAMES="libfakecudart.so.99 libfakeblas.so.98"', env_sh,
+                    flags=re.M)
+    (tmp_path / "env.sh").write_text(env_sh)
+    wheel = tmp_path / "home" / ".local" / "lib" / "python3.12" / "site-packages" / "nvidia" / "cu13" / "lib"
+    wheel.mkdir(parents=True)
+    for d in ("override", "cudahome/lib64"):
+        (tmp_path / d).mkdir(parents=True)
+    (wheel / "libfakecudart.so.99").touch()
+    (wheel / "libfakeblas.so.98").touch()
+    (tmp_path / "cudahome" / "lib64" / "libfakeblas.so.98").touch()
+    (tmp_path / "override" / "libfakecudart.so.99").touch()
+
+    def find(**env) -> subprocess.CompletedProcess:
+        script = f". {tmp_path}/env.sh; echo \"[$GPU_BUNDLE_LIBPATH]\""
+        return subprocess.run([dash, "-c", script], capture_output=True, text=True,
+                              env={"HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", **env})
+
+    p = find()
+    paths = p.stdout.strip().strip("[]").split(":")
+    assert str(wheel) in paths, p.stdout + p.stderr
+    p = find(CUDA_HOME=str(tmp_path / "cudahome"), GPU_BUNDLE_CUDA_LIBS=str(tmp_path / "override"))
+    paths = p.stdout.strip().strip("[]").split(":")
+    assert paths[1:3] == [str(tmp_path / "override"), str(tmp_path / "cudahome" / "lib64")], p.stdout
+    (wheel / "libfakeblas.so.98").unlink()
+    p = find()
+    assert "CUDA libraries not found: libfakeblas.so.98" in p.stderr, p.stderr
+
+
+# ---------------------------------------------------------------------------- the check itself
+
+def test_gpu_check_without_a_gpu_names_each_step_and_writes_few_files(bundle, tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), GPU_CHECK_BUDGET="90", GPU_CHECK_SZ_MIB="64")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check"), str(bundle)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    files = sorted(f.name for f in out.iterdir())
+    assert len(files) <= 8 and "summary.txt" in files, files
+    summary = (out / "summary.txt").read_text()
+    assert summary.startswith("COMET-Caffe GPU check: FAIL")
+    for step in ("device", "gtest-comet", "sz-test-gpu", "sz-bench", "train-caffenet-off", "train-caffenet-on",
+                 "train-resnet18-off", "train-resnet18-on", "gtest-upstream", "gtest-upstream-double"):
+        assert re.search(rf"^{re.escape(step)} +(PASS|FAIL|TIMEOUT|SKIP) ", summary, re.M), (step, summary)
+    assert re.search(r"^device +FAIL .*CUDA driver version is insufficient", summary, re.M), summary
+    assert re.search(r"^sz-test-gpu +FAIL .*no CUDA device", summary, re.M), summary
+    assert not LOAD_FAILURE.search(summary), summary
