@@ -9,6 +9,7 @@
 #include "blockpack.h"
 #include <cuda_runtime.h>
 #include <cub/device/device_scan.cuh>
+#include <cstdio>
 
 using namespace szi;
 
@@ -302,14 +303,34 @@ unsigned grid_for(uint64_t items, int threads) {
 
 }  // namespace
 
-#define SZ_CU(call)                                   \
-  do {                                                \
-    if ((call) != cudaSuccess) return SZ_ERR_CUDA;    \
+// The thread's last CUDA failure, for sz_cuda_error().
+static thread_local char g_cuda_error[256] = "";
+
+static int cuda_fail(cudaError_t e, const char* what) {
+  std::snprintf(g_cuda_error, sizeof(g_cuda_error), "%s (%s) in %s", cudaGetErrorName(e),
+                cudaGetErrorString(e), what);
+  return SZ_ERR_CUDA;
+}
+
+// An error left pending by an earlier call (another library's kernel) would otherwise surface
+// at our first cudaGetLastError and be blamed on us: report it as what it is.
+static int cuda_check_pending() {
+  g_cuda_error[0] = 0;
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? SZ_OK : cuda_fail(e, "an earlier call (pending before sz's)");
+}
+
+#define SZ_CU(call)                                     \
+  do {                                                  \
+    const cudaError_t sz_e_ = (call);                   \
+    if (sz_e_ != cudaSuccess) return cuda_fail(sz_e_, #call); \
   } while (0)
 
 extern "C" {
 
 int sz_has_cuda(void) { return 1; }
+
+const char* sz_cuda_error(void) { return g_cuda_error; }
 
 size_t sz_device_scratch_size(size_t n_elems) { return scratch_layout(n_elems, nullptr, nullptr); }
 
@@ -318,6 +339,7 @@ int sz_compress_device(const float* d_in, const size_t* dims, int ndims, double 
                        size_t scratch_size, void* stream_v) {
   if (!dims || ndims < 1 || ndims > 4 || !d_out || !out_size) return SZ_ERR_PARAM;
   if (!(eb > 0.0) || !(eb < INFINITY) || (mode != SZ_EB_ABS && mode != SZ_EB_REL)) return SZ_ERR_PARAM;
+  if (cuda_check_pending() != SZ_OK) return SZ_ERR_CUDA;
   Header h;
   h.ndims = (uint8_t)ndims;
   uint64_t n = 1;
@@ -380,6 +402,7 @@ int sz_decompress_device(const void* d_in, size_t in_size, float* d_out, size_t 
                          void* d_scratch, size_t scratch_size, void* stream_v) {
   if (in_size == 0) return SZ_ERR_EMPTY;
   if (!d_in) return SZ_ERR_PARAM;
+  if (cuda_check_pending() != SZ_OK) return SZ_ERR_CUDA;
   cudaStream_t s = (cudaStream_t)stream_v;
   uint8_t hb[kHeaderSize];
   size_t hlen = in_size < kHeaderSize ? in_size : kHeaderSize;

@@ -2,6 +2,7 @@
 #include "sz/sz.h"
 extern "C" {
 int sz_has_cuda(void) { return 0; }
+const char* sz_cuda_error(void) { return "library built without CUDA"; }
 size_t sz_device_scratch_size(size_t) { return 0; }
 int sz_compress_device(const float*, const size_t*, int, double, int, void*, size_t, size_t*,
                        void*, size_t, void*) {

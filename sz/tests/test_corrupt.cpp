@@ -241,3 +241,23 @@ TEST(Foreign, RandomAndTextInputRejected) {
 }
 
 }  // namespace
+
+// A device call that fails says why (sz_cuda_error); without the CUDA backend, that it is absent.
+TEST(CudaError, FailuresSayWhy) {
+  std::vector<float> x(64, 1.f);
+  std::vector<uint8_t> out(4096);
+  size_t used = 0;
+  const size_t dims[1] = {x.size()};
+  if (sz_has_cuda()) {
+    // no device here (or a NULL device pointer): an error with the CUDA runtime's words
+    const int rc = sz_compress_device(nullptr, dims, 1, 1e-3, SZ_EB_ABS, out.data(), out.size(),
+                                      &used, nullptr, 0, nullptr);
+    EXPECT_NE(rc, SZ_OK);
+    if (rc == SZ_ERR_CUDA) EXPECT_STRNE(sz_cuda_error(), "");
+  } else {
+    EXPECT_EQ(sz_compress_device(x.data(), dims, 1, 1e-3, SZ_EB_ABS, out.data(), out.size(), &used,
+                                 nullptr, 0, nullptr),
+              SZ_ERR_CUDA);
+    EXPECT_STREQ(sz_cuda_error(), "library built without CUDA");
+  }
+}

@@ -76,6 +76,10 @@ typedef struct sz_header_info {
 SZ_API const char* sz_strerror(int status);
 SZ_API const char* sz_version(void);
 SZ_API int sz_has_cuda(void); /* 1 when the library was built with the CUDA backend */
+/* After SZ_ERR_CUDA: what failed in this thread, e.g. "cudaErrorMemoryAllocation (out of memory)
+   in cudaMemcpyAsync", or an error pending from before the call (reported, not lost), or that
+   the library was built without CUDA. "" when the thread's last device call succeeded. */
+SZ_API const char* sz_cuda_error(void);
 
 /* Fills *p with defaults: eb, mode as given, zstd on if available, all threads. */
 SZ_API void sz_params_default(sz_params* p, double eb, int mode);

@@ -159,7 +159,8 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
   const int rc = sz_compress_device(data, dims, nd, eb, SZ_EB_ABS, out, bound, &used, scratch,
                                     scratch_bytes, NULL);
   CHECK_EQ(rc, SZ_OK) << "COMET: compressing " << name << " on the GPU failed: "
-                      << sz_strerror(rc);
+                      << sz_strerror(rc) << (rc == SZ_ERR_CUDA ? ": " : "")
+                      << (rc == SZ_ERR_CUDA ? sz_cuda_error() : "");
   p->Allocate(used);
   CUDA_CHECK(cudaMemcpy(p->data(), out, used, cudaMemcpyDeviceToDevice));
   CometGpuFree(scratch, std::max<size_t>(scratch_bytes, 1));
@@ -471,6 +472,7 @@ bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
     }
     if (rc != SZ_OK) {
       *error = sz_strerror(rc);
+      if (rc == SZ_ERR_CUDA) *error += std::string(": ") + sz_cuda_error();
       return false;
     }
     if (p.sign_mask) {
