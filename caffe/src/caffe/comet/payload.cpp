@@ -723,29 +723,79 @@ namespace {
 
 void GpuRelease(void* ptr, size_t) { CUDA_CHECK(cudaFree(ptr)); }
 
-BlockPool& GpuPool() {
-  static BlockPool* pool = new BlockPool(GpuRelease);  // never destroyed: frees come at exit
+// One pool per device: each caps its cache at its own device's peak, and a trim or an
+// out-of-memory retry frees only that device's blocks. Pools are made on first use with the
+// settings all pools share; they are never destroyed (frees come at exit).
+struct GpuPools {
+  GpuPools() : enabled(0), headroom(0) {}
+  boost::mutex mutex;  // guards the map and the shared settings; each pool has its own
+  int enabled;
+  double headroom;
+  std::map<int, BlockPool*> by_device;
+};
+
+GpuPools& AllGpuPools() {
+  static GpuPools* pools = new GpuPools();
+  return *pools;
+}
+
+BlockPool& GpuPool(int device) {
+  GpuPools& all = AllGpuPools();
+  boost::mutex::scoped_lock lock(all.mutex);
+  std::map<int, BlockPool*>::iterator it = all.by_device.find(device);
+  if (it != all.by_device.end()) return *it->second;
+  BlockPool* pool = new BlockPool(GpuRelease);
+  pool->enabled = all.enabled;
+  pool->headroom = all.headroom;
+  all.by_device[device] = pool;
   return *pool;
+}
+
+// Applies f to every device's pool, under each pool's lock.
+template <typename F>
+void ForEachGpuPool(F f) {
+  GpuPools& all = AllGpuPools();
+  boost::mutex::scoped_lock lock(all.mutex);
+  for (std::map<int, BlockPool*>::iterator it = all.by_device.begin();
+       it != all.by_device.end(); ++it) {
+    boost::mutex::scoped_lock pool_lock(it->second->mutex);
+    f(*it->second);
+  }
+}
+
+// The device a block lives on (the current device may have changed since it was allocated).
+int DeviceOf(const void* ptr) {
+  cudaPointerAttributes attr;
+  CUDA_CHECK(cudaPointerGetAttributes(&attr, ptr));
+  return attr.device;
 }
 
 }  // namespace
 
 void CometGpuPoolEnable(bool on) {
-  BlockPool& pool = GpuPool();
-  boost::mutex::scoped_lock lock(pool.mutex);
-  pool.enabled += on ? 1 : -1;
-  if (!pool.enabled) pool.Disable();
+  {
+    GpuPools& all = AllGpuPools();
+    boost::mutex::scoped_lock lock(all.mutex);
+    all.enabled += on ? 1 : -1;
+  }
+  ForEachGpuPool([on](BlockPool& pool) {
+    pool.enabled += on ? 1 : -1;
+    if (!pool.enabled) pool.Disable();
+  });
 }
 
+// Blocks are reused only by allocations on the default stream of the threads that use the pool
+// (solver threads): the data layers' prefetch threads allocate plainly (patch 0008), so a cached
+// block is never handed to work on another stream while the default stream may still read it.
 void CometGpuMalloc(void** ptr, size_t size) {
-  BlockPool& pool = GpuPool();
-  boost::mutex::scoped_lock lock(pool.mutex);
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
+  BlockPool& pool = GpuPool(device);
+  boost::mutex::scoped_lock lock(pool.mutex);
   if (pool.enabled && (*ptr = pool.Take(BlockPool::Key(device, size)))) return;
   cudaError_t err = cudaMalloc(ptr, size);
   if (err == cudaErrorMemoryAllocation && pool.cached) {
-    cudaGetLastError();  // clear it, give the cache back and try once more
+    cudaGetLastError();  // clear it, give this device's cache back and try once more
     pool.ReleaseCached();
     err = cudaMalloc(ptr, size);
   }
@@ -754,17 +804,24 @@ void CometGpuMalloc(void** ptr, size_t size) {
 }
 
 void CometGpuFree(void* ptr, size_t size) {
-  BlockPool& pool = GpuPool();
+  const int device = DeviceOf(ptr);
+  BlockPool& pool = GpuPool(device);
   boost::mutex::scoped_lock lock(pool.mutex);
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
   if (!pool.Give(ptr, BlockPool::Key(device, size))) CUDA_CHECK(cudaFree(ptr));
 }
 
-CometPoolStats CometGpuPoolQuery() {
-  BlockPool& pool = GpuPool();
-  boost::mutex::scoped_lock lock(pool.mutex);
-  return pool.Stats();
+CometPoolStats CometGpuPoolQuery() {  // all devices together
+  CometPoolStats total = {0, 0, 0, 0, 0, 0};
+  ForEachGpuPool([&total](BlockPool& pool) {
+    const CometPoolStats s = pool.Stats();
+    total.in_use += s.in_use;
+    total.cached += s.cached;
+    total.peak_in_use += s.peak_in_use;
+    total.hits += s.hits;
+    total.misses += s.misses;
+    total.evicted += s.evicted;
+  });
+  return total;
 }
 #else
 void CometGpuPoolEnable(bool) {}
@@ -785,9 +842,12 @@ void CometPoolsSetHeadroom(double fraction) {
     pool.headroom = std::max(0.0, fraction);
   }
 #ifndef CPU_ONLY
-  BlockPool& pool = GpuPool();
-  boost::mutex::scoped_lock lock(pool.mutex);
-  pool.headroom = std::max(0.0, fraction);
+  {
+    GpuPools& all = AllGpuPools();
+    boost::mutex::scoped_lock lock(all.mutex);
+    all.headroom = std::max(0.0, fraction);
+  }
+  ForEachGpuPool([fraction](BlockPool& pool) { pool.headroom = std::max(0.0, fraction); });
 #endif
 }
 
@@ -798,9 +858,7 @@ void CometPoolsMarkStep() {
     pool.MarkStep();
   }
 #ifndef CPU_ONLY
-  BlockPool& pool = GpuPool();
-  boost::mutex::scoped_lock lock(pool.mutex);
-  pool.MarkStep();
+  ForEachGpuPool([](BlockPool& pool) { pool.MarkStep(); });
 #endif
 }
 
