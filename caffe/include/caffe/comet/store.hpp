@@ -66,6 +66,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   SyncedMemory* PrivateBuffer(const Entry& e) const;
   SyncedMemory* EntryMemory(const Entry& e) const;  // the memory an entry stores
   void StorePrivate(Entry* e);
+  void Hold(Entry* e, SyncedMemory* mem, const shared_ptr<CometPayload>& p);
   void ReluBackwardFromMask(int layer);
   void Sample();
 

@@ -281,6 +281,17 @@ SyncedMemory* CometStore<Dtype>::EntryMemory(const Entry& e) const {
   return e.layer >= 0 ? PrivateBuffer(e) : net_->blobs()[e.blob_ids[0]]->data().get();
 }
 
+// The dense memory goes; the payload holds its content until a reader restores it.
+template <typename Dtype>
+void CometStore<Dtype>::Hold(Entry* e, SyncedMemory* mem, const shared_ptr<CometPayload>& p) {
+  p->timing = e->timing;
+  mem->comet_release();
+  mem->comet_payload() = p;
+  e->stored = p;
+  e->dense_bytes += p->dense_bytes();
+  e->stored_bytes += p->stored_bytes();
+}
+
 // After the owning layer's forward: argmax and Dropout mask as packed codes, LRN's scale freed.
 template <typename Dtype>
 void CometStore<Dtype>::StorePrivate(Entry* e) {
@@ -303,12 +314,7 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
     e->eb_sum += eb;
     Blob<Dtype>* x = CometLayerAccess<Dtype>::bn_x_norm(net_->layers()[e->layer].get());
     p = CometEncodeLossy(data, x->shape(), dev, eb, e->blob);
-    p->timing = e->timing;
-    mem->comet_release();
-    mem->comet_payload() = p;
-    e->stored = p;
-    e->dense_bytes += p->dense_bytes();
-    e->stored_bytes += p->stored_bytes();
+    Hold(e, mem, p);
   } else if (e->action == RECOMPUTE || e->action == REBUILD) {
     // LRN's scale is kept until LRN's backward and freed after it, unless recompute_lrn.
     if (e->action == RECOMPUTE && !param_.recompute_lrn()) return;
@@ -331,12 +337,7 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
                                << "express (a max over NaN); kept dense this iteration";
       return;
     }
-    p->timing = e->timing;
-    mem->comet_release();
-    mem->comet_payload() = p;
-    e->stored = p;
-    e->dense_bytes += p->dense_bytes();
-    e->stored_bytes += p->stored_bytes();
+    Hold(e, mem, p);
   }
   e->encode_ms += timer.MilliSeconds();
   e->samples += 1;
@@ -386,13 +387,8 @@ void CometStore<Dtype>::AfterForward(int layer) {
         continue;
       }
     }
-    p->timing = e.timing;
-    mem->comet_release();
-    mem->comet_payload() = p;
-    e.stored = p;
+    Hold(&e, mem, p);
     e.encode_ms += timer.MilliSeconds();
-    e.dense_bytes += p->dense_bytes();
-    e.stored_bytes += p->stored_bytes();
     e.samples += 1;
   }
   Sample();
