@@ -82,3 +82,40 @@ def test_plot_training_log_draws_a_png(wf_short_run, tmp_path):
                          capture_output=True, text=True, env=_env(), timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _python_tool(name: str) -> str:
+    from cometctl.paths import pycaffe_dir
+
+    return str(pycaffe_dir() / name)
+
+
+@WF_NEEDS_BUILD
+def test_draw_net_draws_the_shipped_caffenet(tmp_path):
+    png = tmp_path / "caffenet.png"
+    out = subprocess.run([sys.executable, _python_tool("draw_net.py"),
+                          str(WF_REPO / "models/bvlc_reference_caffenet/train_val.prototxt"),
+                          str(png)], capture_output=True, text=True, env=_env(), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@WF_NEEDS_BUILD
+def test_classify_runs_a_trained_snapshot_on_an_image(wf_short_run, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    image = tmp_path / "dog.jpg"
+    rng = np.random.default_rng(7)
+    Image.fromarray(rng.integers(0, 255, (80, 80, 3), dtype=np.uint8)).save(image)
+    out_file = tmp_path / "prob.npy"
+    out = subprocess.run([sys.executable, _python_tool("classify.py"), str(image), str(out_file),
+                          "--model_def", str(WF_REPO / "models/comet_tiny/deploy.prototxt"),
+                          "--pretrained_model",
+                          str(wf_short_run / "snapshots" / "model_iter_30.caffemodel"),
+                          "--images_dim", "64,64", "--mean_file", "", "--center_only"],
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    prob = np.load(out_file)
+    assert prob.shape == (1, 10)
+    assert abs(float(prob.sum()) - 1) < 1e-4 and (prob >= 0).all()
