@@ -106,6 +106,13 @@ shared_ptr<CometPayload> CometEncodeBinary(const unsigned int* v, size_t count,
 // for ARGMAX and BINARY); false when corrupt, with the reason in *error.
 bool CometDecode(const CometPayload& payload, void* out, std::string* error);
 
+// What the encoders take beyond the payloads, for the tracked memory: the bytes they hold between
+// calls (the host's worst-case stream buffer, kept for the next encode), and the largest transient
+// of one encode or decode since the last call (device: a worst-case stream and scratch, freed
+// before it returns, so no sample at a layer boundary sees them).
+size_t CometEncoderHeldBytes();
+size_t CometTakeTransientPeak();
+
 // ReLU's backward straight from a sign mask (a MASK payload, or the sign mask of a LOSSY one),
 // without restoring the input: bottom_diff = top_diff * (x > 0 ? 1 : negative_slope), bit for
 // bit what ReLULayer computes. The diffs may be the same buffer (in-place ReLU). False when the

@@ -65,6 +65,9 @@ class CometStatistics {
   // private buffers (each memory counted once).
   void Sample(const std::vector<CometEntry>& entries,
               const std::vector<const SyncedMemory*>& private_buffers);
+  // Buffers an encode or decode held for a moment since the last sample, on top of that sample
+  // (taken just before the encodes: an upper bound, since each encode frees its dense input).
+  void NoteTransient(size_t bytes);
   // The display window's figures into the entries' last_* fields, the log and the CSV; starts
   // a new window.
   void Report(int iter, std::vector<CometEntry>* entries);

@@ -126,6 +126,13 @@ std::vector<uint8_t>& HostScratch() {
   static thread_local std::vector<uint8_t> scratch;
   return scratch;
 }
+std::atomic<size_t> host_scratch_bytes(0);  // all threads' HostScratch together
+std::atomic<size_t> transient_peak(0);      // largest device transient since the last take
+
+void NoteTransient(size_t bytes) {
+  size_t seen = transient_peak.load();
+  while (bytes > seen && !transient_peak.compare_exchange_weak(seen, bytes)) {}
+}
 
 }  // namespace
 
@@ -140,7 +147,10 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
   size_t used = 0;
   if (!on_device) {
     std::vector<uint8_t>& scratch = HostScratch();
-    if (scratch.size() < bound) scratch.resize(bound);
+    if (scratch.size() < bound) {
+      host_scratch_bytes += bound - scratch.size();
+      scratch.resize(bound);
+    }
     sz_params params;
     sz_params_default(&params, eb, SZ_EB_ABS);
     params.lossless = SZ_LOSSLESS_NONE;  // zstd costs time and gains little on quantized codes
@@ -156,6 +166,7 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
   void* scratch = NULL;
   CometGpuMalloc(&out, bound);
   CometGpuMalloc(&scratch, std::max<size_t>(scratch_bytes, 1));
+  NoteTransient(bound + scratch_bytes);
   const int rc = sz_compress_device(data, dims, nd, eb, SZ_EB_ABS, out, bound, &used, scratch,
                                     scratch_bytes, NULL);
   CHECK_EQ(rc, SZ_OK) << "COMET: compressing " << name << " on the GPU failed: "
@@ -420,6 +431,9 @@ bool DecodeMask(const CometPayload& p, float* out, bool apply_signs, std::string
 
 }  // namespace
 
+size_t CometEncoderHeldBytes() { return host_scratch_bytes.load(); }
+size_t CometTakeTransientPeak() { return transient_peak.exchange(0); }
+
 void CometMarkReleased(SyncedMemory* mem, const std::string& what) {
   mem->comet_release();
   mem->comet_payload().reset(new CometPayload(CometPayload::RELEASED, false,
@@ -462,6 +476,7 @@ bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
         const size_t scratch_bytes = sz_device_scratch_size(p.count());
         void* scratch = NULL;
         CometGpuMalloc(&scratch, std::max<size_t>(scratch_bytes, 1));
+        NoteTransient(scratch_bytes);
         rc = sz_decompress_device(p.data(), p.bytes(), out, p.count(), scratch, scratch_bytes,
                                   NULL);
         CometGpuFree(scratch, std::max<size_t>(scratch_bytes, 1));

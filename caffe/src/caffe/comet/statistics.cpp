@@ -51,7 +51,7 @@ void CometStatistics<Dtype>::Sample(const std::vector<CometEntry>& entries,
     if (entries[e].stored) cur[CometMemory::COMPRESSED] += entries[e].stored->stored_bytes();
   for (int b = 0; b < private_buffers.size(); ++b)
     CountOnce(private_buffers[b], &seen, &cur[CometMemory::ACTIVATIONS]);
-  cur[CometMemory::SCRATCH] = CometGpuPoolQuery().cached;
+  cur[CometMemory::SCRATCH] = CometGpuPoolQuery().cached + CometEncoderHeldBytes();
   size_t total = 0;
   for (int k = 0; k < CometMemory::NUM_KINDS; ++k) {
     memory_.current[k] = cur[k];
@@ -157,6 +157,18 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
     csv_ << "\n";
     csv_.flush();
   }
+}
+
+template <typename Dtype>
+void CometStatistics<Dtype>::NoteTransient(size_t bytes) {
+  if (!bytes) return;
+  const size_t total = memory_.total() + bytes;
+  if (total <= memory_.peak_total) return;
+  memory_.peak_total = total;
+  for (int k = 0; k < CometMemory::NUM_KINDS; ++k) memory_.at_peak[k] = memory_.current[k];
+  memory_.at_peak[CometMemory::SCRATCH] += bytes;
+  memory_.peak[CometMemory::SCRATCH] =
+      std::max(memory_.peak[CometMemory::SCRATCH], memory_.current[CometMemory::SCRATCH] + bytes);
 }
 
 INSTANTIATE_CLASS(CometStatistics);

@@ -347,6 +347,10 @@ template <typename Dtype>
 void CometStore<Dtype>::AfterForward(int layer) {
   CheckSharing(layer, false);
   const std::vector<int>& todo = plan_.after_forward[layer];
+  if (!todo.empty()) {
+    Sample();  // with this layer's outputs dense: what the encodes' transients come on top of
+    CometTakeTransientPeak();  // what came before was noted where it happened
+  }
   for (int t = 0; t < todo.size(); ++t) {
     Entry& e = entries_[todo[t]];
     if (e.layer >= 0) {
@@ -391,6 +395,7 @@ void CometStore<Dtype>::AfterForward(int layer) {
     e.encode_ms += timer.MilliSeconds();
     e.samples += 1;
   }
+  stats_.NoteTransient(CometTakeTransientPeak());
   Sample();
 }
 
@@ -467,6 +472,13 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
 template <typename Dtype>
 void CometStore<Dtype>::AfterBackward(int layer) {
   CheckSharing(layer, true);
+  // A decode during this backward (a restore) held device scratch for a moment: noted on top of
+  // what is held now, before anything is freed again.
+  const size_t transient = CometTakeTransientPeak();
+  if (transient) {
+    Sample();
+    stats_.NoteTransient(transient);
+  }
   if (measuring_) bounds_.AfterBackward(layer);
   if (relu_skipped_[layer]) {
     const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = true;

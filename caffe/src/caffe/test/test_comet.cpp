@@ -19,6 +19,7 @@
 #include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/store.hpp"
+#include "sz/sz.h"
 #include "caffe/common.hpp"
 #include "caffe/filler.hpp"
 #include "caffe/layers/batch_norm_layer.hpp"
@@ -905,6 +906,27 @@ TEST_F(CometStoreTest, LossyTrainingStaysCloseAndSavesMemory) {
   // conv1's output (8x8x16x16 floats, 64 KB) and pool1's are never all dense at once with COMET
   EXPECT_LE(m_on.peak_total + 64 * 1024, m_off.peak_total);
   EXPECT_GT(m_on.peak[CometMemory::COMPRESSED], 0);
+}
+
+// What the encoders hold beyond the payloads counts as scratch: the host's worst-case stream
+// buffer between encodes, and a device encode's worst-case stream and scratch while it runs.
+TEST_F(CometStoreTest, EncoderBuffersCountInTheTrackedMemory) {
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  Run(on.get(), 1);
+  const size_t pool1 = on->net()->blob_by_name("pool1")->count();
+  EXPECT_GE(on->comet()->memory().current[CometMemory::SCRATCH], sz_compress_bound(pool1))
+      << "the host encoder's stream buffer is held between encodes";
+  // a transient on top of the last sample raises the peak by exactly that much
+  CometStatistics<float> stats(on->net().get(), on->comet()->param());
+  stats.Sample(on->comet()->entries(), std::vector<const SyncedMemory*>());
+  const size_t total = stats.memory().total();
+  ASSERT_EQ(stats.memory().peak_total, total);
+  stats.NoteTransient(12345);
+  EXPECT_EQ(stats.memory().peak_total, total + 12345);
+  EXPECT_EQ(stats.memory().at_peak[CometMemory::SCRATCH],
+            stats.memory().current[CometMemory::SCRATCH] + 12345);
+  stats.NoteTransient(10);  // below the peak: nothing changes
+  EXPECT_EQ(stats.memory().peak_total, total + 12345);
 }
 
 TEST_F(CometStoreTest, ReportsWithRatiosAndWritesStats) {
