@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
@@ -1097,6 +1098,40 @@ TEST_F(CometStoreTest, AForeignOrEmptyCometStateIsRefused) {
   shared_ptr<Solver<float> > c = MakeSolver(block);
   c->Restore(state.c_str());
   EXPECT_EQ(c->iter(), 2);
+}
+
+// A solver state that is truncated, random, or of another net stops the restore with the file's
+// name and what is wrong (patch 0019), instead of restoring from whatever parsed.
+TEST_F(CometStoreTest, ATruncatedOrForeignSolverStateIsNamed) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  shared_ptr<Solver<float> > a = MakeSolver("");
+  Run(a.get(), 1);
+  a->Snapshot();
+  const std::string state = prefix_ + "_iter_1.solverstate";
+  std::string bytes;
+  {
+    std::ifstream in(state.c_str(), std::ios::binary);
+    bytes.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(bytes.size(), 100u);
+  const std::string cut = prefix_ + "_cut.solverstate";
+  std::ofstream(cut.c_str(), std::ios::binary).write(bytes.data(), bytes.size() / 2);
+  EXPECT_DEATH(MakeSolver("")->Restore(cut.c_str()),
+               "Cannot read the solver state .*_cut.solverstate: the file is truncated");
+  // a solver state of another net: conv1 with another number of outputs
+  SolverParameter sp = a->param();
+  sp.mutable_net_param()->mutable_layer(1)->mutable_convolution_param()->set_num_output(5);
+  shared_ptr<Solver<float> > other(SolverRegistry<float>::CreateSolver(sp));
+  // (the weights the state names are copied first, and upstream already says this clearly)
+  EXPECT_DEATH(other->Restore(state.c_str()),
+               "Cannot copy param 0 weights from layer 'conv1'; shape mismatch");
+  // without ip1 (and the loss reading it): a history of another length
+  SolverParameter shorter = a->param();
+  NetParameter* np = shorter.mutable_net_param();
+  np->mutable_layer()->RemoveLast();  // loss
+  np->mutable_layer()->RemoveLast();  // ip1
+  shared_ptr<Solver<float> > fewer(SolverRegistry<float>::CreateSolver(shorter));
+  EXPECT_DEATH(fewer->Restore(state.c_str()), "holds 6 history blobs where this solver has 4");
 }
 
 TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
