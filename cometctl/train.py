@@ -4,7 +4,7 @@ A run folder (default runs/<YYYYmmdd-HHMMSS>-<model>) holds:
   solver.prototxt   the solver as run: snapshot_prefix into this folder, --cpu / --iters applied
   train_val.prototxt the net as run (a copy, so the run stays reproducible when models/ changes)
   caffe.log         everything caffe printed
-  snapshots/        <model>_iter_N.caffemodel / .solverstate
+  snapshots/        <model>_iter_N.caffemodel / .solverstate / .cometstate / .resumestate
   run.json          command, start, end, exit status, last iteration, snapshots (and earlier sessions)
 
 caffe runs with the repository root as its working directory, so relative paths in solvers and nets

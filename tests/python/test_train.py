@@ -129,7 +129,7 @@ def test_short_cpu_run_trains_from_the_lmdb_and_loss_falls(wf_short_run):
     snaps = sorted(p.name for p in (wf_short_run / "snapshots").iterdir())
     # the solver trains with COMET: its statistics and error bounds sit beside the snapshots
     assert snaps == ["model_comet.csv", "model_iter_30.caffemodel", "model_iter_30.cometstate",
-                     "model_iter_30.solverstate"]
+                     "model_iter_30.resumestate", "model_iter_30.solverstate"]
     assert "COMET total: activations" in log
     assert json.loads((wf_short_run / "run.json").read_text())["exit_status"] == 0
 

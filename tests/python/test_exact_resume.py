@@ -1,0 +1,83 @@
+"""Interrupting and resuming gives the same weights as never stopping, bit for bit (issue 15):
+beside each snapshot the fork keeps the random generator's state and how many batches each data
+layer has handed out (<prefix>_iter_N.resumestate), and a restore replays the batches and restores
+the generator. comet_tiny reads the embedded images with random crops and mirrors and has Dropout,
+so any difference in data, transformation or mask shows in the weights."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import WF_NEEDS_BUILD, WF_REPO, wf_point_model_at
+
+TOTAL = 12
+
+
+def _solver(pb2, data, out: Path, max_iter: int, comet: bool) -> Path:
+    from cometctl.caffeproto import read_text_proto, write_text_proto
+
+    path = wf_point_model_at(pb2, WF_REPO / "models" / "comet_tiny", data, out, max_iter=max_iter,
+                             snapshot=0, display=4, test_interval=4, test_iter=2,
+                             snapshot_prefix=str(out / "s"), solver_mode=pb2.SolverParameter.CPU)
+    solver = read_text_proto(path, pb2.SolverParameter())
+    if not comet:
+        solver.ClearField("comet")
+    else:
+        solver.comet.update_interval = 3  # the bounds adapt inside the run too
+    write_text_proto(path, solver)
+    return path
+
+
+def _train(*args, cwd: Path) -> None:
+    from cometctl.paths import tool_path
+
+    out = subprocess.run([str(tool_path("caffe")), "train", *args], cwd=cwd, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stderr
+
+
+def _weights(pb2, caffemodel: Path) -> list[tuple[str, bytes]]:
+    net = pb2.NetParameter()
+    net.ParseFromString(caffemodel.read_bytes())
+    return [(f"{layer.name}/{k}", bytes(b.SerializeToString()))
+            for layer in net.layer for k, b in enumerate(layer.blobs)]
+
+
+@WF_NEEDS_BUILD
+@pytest.mark.parametrize("comet", [False, True], ids=["comet-off", "comet-on"])
+def test_resume_is_bit_identical_to_never_stopping(wf_pb2, wf_synthetic, tmp_path, comet):
+    whole = tmp_path / "whole"
+    _train("-solver", str(_solver(wf_pb2, wf_synthetic, whole, TOTAL, comet)), cwd=tmp_path)
+    reference = _weights(wf_pb2, whole / f"s_iter_{TOTAL}.caffemodel")
+    for stop in (5, 8):  # 8: a test phase comes right after the snapshot
+        part = tmp_path / f"stop{stop}"
+        _train("-solver", str(_solver(wf_pb2, wf_synthetic, part, stop, comet)), cwd=tmp_path)
+        assert (part / f"s_iter_{stop}.resumestate").exists()
+        # resume in the same folder, to the same end, with the whole run's solver length
+        resumed = _solver(wf_pb2, wf_synthetic, part, TOTAL, comet)
+        log = _train("-solver", str(resumed), "-snapshot", str(part / f"s_iter_{stop}.solverstate"),
+                     cwd=tmp_path)
+        assert "random generator restored" in log and "data positions restored" in log
+        got = _weights(wf_pb2, part / f"s_iter_{TOTAL}.caffemodel")
+        assert [n for n, _ in got] == [n for n, _ in reference]
+        changed = [n for (n, a), (_, b) in zip(got, reference) if a != b]
+        assert not changed, f"stopped at {stop}: {changed} differ from the uninterrupted run"
+
+
+@WF_NEEDS_BUILD
+def test_without_the_resume_state_the_run_differs(wf_pb2, wf_synthetic, tmp_path):
+    """The check can fail: upstream's resume (no .resumestate) ends elsewhere."""
+    whole = tmp_path / "whole"
+    _train("-solver", str(_solver(wf_pb2, wf_synthetic, whole, TOTAL, False)), cwd=tmp_path)
+    part = tmp_path / "part"
+    _train("-solver", str(_solver(wf_pb2, wf_synthetic, part, 5, False)), cwd=tmp_path)
+    (part / "s_iter_5.resumestate").unlink()
+    log = _train("-solver", str(_solver(wf_pb2, wf_synthetic, part, TOTAL, False)), "-snapshot",
+                 str(part / "s_iter_5.solverstate"), cwd=tmp_path)
+    assert "no " in log and ".resumestate beside the snapshot" in log
+    assert _weights(wf_pb2, part / f"s_iter_{TOTAL}.caffemodel") != \
+        _weights(wf_pb2, whole / f"s_iter_{TOTAL}.caffemodel")
