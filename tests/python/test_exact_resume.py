@@ -81,3 +81,42 @@ def test_without_the_resume_state_the_run_differs(wf_pb2, wf_synthetic, tmp_path
     assert "no " in log and ".resumestate beside the snapshot" in log
     assert _weights(wf_pb2, part / f"s_iter_{TOTAL}.caffemodel") != \
         _weights(wf_pb2, whole / f"s_iter_{TOTAL}.caffemodel")
+
+
+@WF_NEEDS_BUILD
+def test_ctrl_c_inside_a_test_phase_resumes_exactly(wf_pb2, wf_synthetic, tmp_path):
+    """SIGINT while the test net runs (a long test at iteration 8): caffe stops, snapshots at 8,
+    and the resumed run ends with the uninterrupted run's weights."""
+    import signal
+
+    from cometctl.caffeproto import read_text_proto, write_text_proto
+    from cometctl.paths import tool_path
+
+    whole = tmp_path / "whole"
+    _train("-solver", str(_solver(wf_pb2, wf_synthetic, whole, TOTAL, True)), cwd=tmp_path)
+    part = tmp_path / "part"
+    path = _solver(wf_pb2, wf_synthetic, part, TOTAL, True)
+    solver = read_text_proto(path, wf_pb2.SolverParameter())
+    solver.test_interval = 8
+    del solver.test_iter[:]
+    solver.test_iter.append(400)  # long enough to be interrupted inside it
+    solver.test_initialization = False
+    write_text_proto(path, solver)
+    proc = subprocess.Popen([str(tool_path("caffe")), "train", "-solver", str(path)], cwd=tmp_path,
+                            stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "Iteration 8, Testing net" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.communicate(timeout=300)[1]
+    log = "".join(seen) + rest
+    assert proc.returncode == 0, log[-3000:]
+    assert "Optimization stopped early" in log, log[-2000:]
+    assert (part / "s_iter_8.solverstate").exists() and (part / "s_iter_8.resumestate").exists()
+    # resume with the whole run's solver (its tests do not change the weights)
+    _train("-solver", str(_solver(wf_pb2, wf_synthetic, part, TOTAL, True)), "-snapshot",
+           str(part / "s_iter_8.solverstate"), cwd=tmp_path)
+    assert _weights(wf_pb2, part / f"s_iter_{TOTAL}.caffemodel") == \
+        _weights(wf_pb2, whole / f"s_iter_{TOTAL}.caffemodel")
