@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# test_szc.sh SZC WORKDIR - ctest of the szc command line: --help, usage errors, empty input,
-# trailing bytes, and a round trip. Prints one line per failed check; exit 1 if any failed.
+# test_szc.sh SZC WORKDIR [SZ_BENCH] - ctest of the szc command line: --help, usage errors, empty
+# input, trailing bytes, and a round trip; and of sz_bench --help. Prints one line per failed
+# check; exit 1 if any failed.
 set -u
-SZC="$1"; W="$2"
+SZC="$1"; W="$2"; BENCH="${3:-}"
 mkdir -p "$W"
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -21,6 +22,10 @@ expect 0 "^usage: szc compress" "$SZC" -h
 expect 0 "^usage: szc compress" "$SZC" help
 expect 0 "^usage: szc compress" "$SZC" info --help
 [ -z "$("$SZC" --help 2>&1 >/dev/null)" ] || fail "szc --help wrote to stderr"
+if [ -n "$BENCH" ]; then
+  expect 0 "^usage: sz_bench" "$BENCH" --help
+  expect 2 "^usage: sz_bench" "$BENCH" --no-such-flag
+fi
 expect 2 "^usage:" "$SZC"
 expect 2 "^usage:" "$SZC" info
 expect 2 "^usage:" "$SZC" frobnicate -i x

@@ -31,6 +31,13 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) { fprintf(stderr, "sz_bench: %s needs a value\n", a.c_str()); exit(2); }
       return argv[++i];
     };
+    if (a == "--help" || a == "-h") {
+      printf("usage: sz_bench [--mib S] [--zeros F] [--rel EB] [--threads 1,2] [--reps R] [--gpu]\n"
+             "Steady-state compress and decompress throughput (GB/s) of the host backend at each\n"
+             "thread count, and of the device backend with --gpu, on generated activation-like\n"
+             "data of S MiB with a fraction F of exact zeros, at relative bound EB.\n");
+      return 0;
+    }
     if (a == "--mib") mib = atof(next());
     else if (a == "--zeros") zeros = atof(next());
     else if (a == "--rel") rel = atof(next());
