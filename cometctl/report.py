@@ -251,5 +251,8 @@ def summary(run: _Run) -> list[str]:
                 items.append(f"peak {r['peak_memory_mb']:.1f} MiB")
             if "time_ms" in r:
                 items.append(f"{r['time_ms']:.1f} ms")
+            if not items:  # a line of other figures (the memory pool's counts): as they are
+                items = [f"{k} {v:g}" for k, v in r.items()
+                         if k not in ("layer", "NumIters", "Seconds") and isinstance(v, (int, float))]
             lines.append(f"  {layer}: {', '.join(items)}")
     return lines
