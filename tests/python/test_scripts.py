@@ -39,3 +39,9 @@ def test_scripts_explain_themselves():
         out = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--help"],
                              capture_output=True, text=True, check=True).stdout
         assert "COMET off" in out and "--batch" in out, script
+
+
+def test_error_correlation_explains_itself():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "error_correlation.py"), "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "kappa" in out and "--blob NAME=EB" in out
