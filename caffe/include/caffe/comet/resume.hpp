@@ -19,6 +19,10 @@
 
 namespace caffe {
 
+// The file with `extension` (".resumestate", ".cometstate") beside a snapshot's solver state
+// (<prefix>_iter_N.solverstate or .solverstate.h5).
+std::string CometFileBeside(const std::string& solverstate, const std::string& extension);
+
 template <typename Dtype>
 class CometResume : public Solver<Dtype>::Callback {
  public:

@@ -10,6 +10,7 @@
 #include "caffe/comet/bounds.hpp"
 #include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/payload.hpp"
+#include "caffe/comet/resume.hpp"
 #include "caffe/util/io.hpp"
 
 namespace caffe {
@@ -193,16 +194,7 @@ void CometBounds<Dtype>::Save(const std::string& filename, int iter) const {
 
 template <typename Dtype>
 void CometBounds<Dtype>::Load(const std::string& solverstate_filename, int iter) {
-  std::string base = solverstate_filename;
-  const char* suffixes[] = {".solverstate.h5", ".solverstate"};
-  for (int i = 0; i < 2; ++i) {
-    const std::string s(suffixes[i]);
-    if (base.size() > s.size() && base.compare(base.size() - s.size(), s.size(), s) == 0) {
-      base = base.substr(0, base.size() - s.size());
-      break;
-    }
-  }
-  const std::string filename = base + ".cometstate";
+  const std::string filename = CometFileBeside(solverstate_filename, ".cometstate");
   std::ifstream probe(filename.c_str());
   if (!probe.good()) {
     LOG(WARNING) << "COMET: no " << filename << " beside the snapshot; error bounds start over";

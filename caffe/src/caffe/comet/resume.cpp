@@ -15,8 +15,9 @@ namespace {
 
 const char kMagic[] = "comet-resume 1";
 
-// The .resumestate beside a .solverstate (or .solverstate.h5).
-std::string ResumeFileOf(const std::string& solverstate) {
+}  // namespace
+
+std::string CometFileBeside(const std::string& solverstate, const std::string& extension) {
   std::string base = solverstate;
   const char* suffixes[] = {".solverstate.h5", ".solverstate"};
   for (int i = 0; i < 2; ++i) {
@@ -26,10 +27,8 @@ std::string ResumeFileOf(const std::string& solverstate) {
       break;
     }
   }
-  return base + ".resumestate";
+  return base + extension;
 }
-
-}  // namespace
 
 // Counts the forwards of the train net's data layers (each hands out one batch).
 template <typename Dtype>
@@ -84,7 +83,7 @@ void CometResume<Dtype>::Save(const std::string& filename) const {
 
 template <typename Dtype>
 void CometResume<Dtype>::Load(const std::string& solverstate_filename) {
-  const std::string filename = ResumeFileOf(solverstate_filename);
+  const std::string filename = CometFileBeside(solverstate_filename, ".resumestate");
   std::ifstream in(filename.c_str());
   if (!in.good()) {
     LOG(WARNING) << "COMET resume: no " << filename << " beside the snapshot; training goes on "
