@@ -75,9 +75,17 @@ class CometPayload {
 // (MASK) are fatal errors naming the blob and the reader (CometSetReadContext); never zeros.
 void CometRestore(SyncedMemory* mem);
 
-// What is running, for those messages: "layer 'fc8' (InnerProduct) backward, iteration 12".
+// What is running, for those messages: "layer 'fc8' (InnerProduct) backward, iteration 12". The
+// store registers a describer that it updates with two fields per layer and that is asked only
+// when a message needs it; a fixed text (tests, tools) replaces the describer.
+class CometReadDescriber {
+ public:
+  virtual ~CometReadDescriber() {}
+  virtual std::string Describe() const = 0;
+};
+void CometSetReadContext(const CometReadDescriber* describer);
 void CometSetReadContext(const std::string& context);
-const std::string& CometReadContext();
+std::string CometReadContext();
 // pycaffe turns COMET's fatal errors into std::runtime_error (Python's RuntimeError, same
 // words) instead of aborting the interpreter.
 void CometSetFatalThrows(bool on);

@@ -57,8 +57,14 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   void MakePlan();
   // The memory a layer's blobs hold now against the plan's groups; a new share re-plans.
   void CheckSharing(int layer, bool diff);
-  // Names the layer and pass running now, for the message of a read of freed memory.
-  void SetContext(int layer, const char* pass);
+  // The layer and pass running now, for the message of a read of freed memory (formatted only
+  // when one is written: Reader).
+  class Reader;
+  void SetContext(int layer, const char* pass) {
+    context_layer_ = layer;
+    context_pass_ = pass;
+    context_iter_ = solver_->iter();
+  }
   void BeforeForward(int layer);
   void AfterForward(int layer);
   void BeforeBackward(int layer);
@@ -81,6 +87,9 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   std::vector<bool> relu_skipped_;                  // layer -> backward done from the mask
   std::vector<shared_ptr<Hook> > hooks_;
   CometStatistics<Dtype> stats_;
+  shared_ptr<Reader> reader_;
+  int context_layer_, context_iter_;  // layer -1: outside a step (context_pass_ says where)
+  const char* context_pass_;
   bool measuring_;
 };
 

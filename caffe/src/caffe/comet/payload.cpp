@@ -507,11 +507,18 @@ std::string& ReadContext() {
   static std::string* context = new std::string("outside a COMET training step");
   return *context;
 }
+const CometReadDescriber* read_describer = NULL;
 bool fatal_throws = false;
 }  // namespace
 
-void CometSetReadContext(const std::string& context) { ReadContext() = context; }
-const std::string& CometReadContext() { return ReadContext(); }
+void CometSetReadContext(const CometReadDescriber* describer) { read_describer = describer; }
+void CometSetReadContext(const std::string& context) {
+  read_describer = NULL;
+  ReadContext() = context;
+}
+std::string CometReadContext() {
+  return read_describer ? read_describer->Describe() : ReadContext();
+}
 void CometSetFatalThrows(bool on) { fatal_throws = on; }
 
 void CometFatal(const std::string& message) {

@@ -113,11 +113,13 @@ void CheckSettings(const CometParameter& p, const Net<Dtype>& net) {
 template <typename Dtype>
 CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param)
     : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
-      stats_(net_, param_), measuring_(false) {
+      stats_(net_, param_), context_layer_(-1), context_iter_(-1),
+      context_pass_("before the first training step"), measuring_(false) {
   CheckSettings(param_, *net_);
   relu_skipped_.assign(net_->layers().size(), false);
   MakePlan();
-  CometSetReadContext("before the first training step");
+  reader_.reset(new Reader(this));
+  CometSetReadContext(reader_.get());
   typedef typename CometStore<Dtype>::Hook H;
   hooks_.push_back(shared_ptr<H>(new H(this, H::BEFORE_FORWARD)));
   hooks_.push_back(shared_ptr<H>(new H(this, H::AFTER_FORWARD)));
@@ -150,6 +152,8 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
 
 template <typename Dtype>
 CometStore<Dtype>::~CometStore() {
+  // A describer left behind would point into this store (another store's goes too: harmless)
+  CometSetReadContext("outside a COMET training step");
   if (param_.memory_pool()) {
     CometHostPoolEnable(false);
     CometGpuPoolEnable(false);
@@ -204,12 +208,27 @@ void CometStore<Dtype>::CheckSharing(int layer, bool diff) {
 }
 
 template <typename Dtype>
-void CometStore<Dtype>::SetContext(int layer, const char* pass) {
-  std::ostringstream os;
-  os << "layer '" << net_->layer_names()[layer] << "' (" << net_->layers()[layer]->type() << ") "
-     << pass << ", iteration " << solver_->iter();
-  CometSetReadContext(os.str());
-}
+class CometStore<Dtype>::Reader : public CometReadDescriber {
+ public:
+  explicit Reader(const CometStore<Dtype>* store) : store_(store) {}
+  virtual std::string Describe() const {
+    const CometStore<Dtype>& s = *store_;
+    std::ostringstream os;
+    if (s.context_layer_ >= 0) {
+      os << "layer '" << s.net_->layer_names()[s.context_layer_] << "' ("
+         << s.net_->layers()[s.context_layer_]->type() << ") " << s.context_pass_
+         << ", iteration " << s.context_iter_;
+    } else if (s.context_iter_ >= 0) {
+      os << s.context_pass_ << ", after iteration " << s.context_iter_;
+    } else {
+      os << s.context_pass_;
+    }
+    return os.str();
+  }
+
+ private:
+  const CometStore<Dtype>* store_;
+};
 
 template <typename Dtype>
 std::string CometStore<Dtype>::Plan() const {
@@ -524,9 +543,7 @@ void CometStore<Dtype>::on_start() {
 template <typename Dtype>
 void CometStore<Dtype>::on_gradients_ready() {
   measuring_ = false;
-  std::ostringstream os;
-  os << "outside the training step (pycaffe or a tool), after iteration " << solver_->iter();
-  CometSetReadContext(os.str());
+  SetContext(-1, "outside the training step (pycaffe or a tool)");
   const int display = solver_->param().display();
   if (display && solver_->iter() % display == 0) stats_.Report(solver_->iter(), &entries_);
 }
