@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CometError
+from .upstream import sha256_file
 from .ui import console, counting_progress
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm")
@@ -390,21 +391,13 @@ def datum_array(d) -> np.ndarray:
     return np.frombuffer(d.data, dtype=np.uint8).reshape(d.channels, d.height, d.width)
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def mean_is_current(lmdb_path: Path, dest: Path) -> bool:
     """Whether `dest` is the mean that compute_mean wrote from the LMDB as it is now (both records agree
     and the mean file is unchanged). The LMDB's own record must have been verified by the caller."""
     source, mine = _read_json(done_stamp(lmdb_path)), _read_json(done_stamp(dest))
     if not (isinstance(source, dict) and isinstance(mine, dict) and Path(dest).is_file()):
         return False
-    return mine.get("source_sha256") == source.get("sha256") and mine.get("sha256") == _file_sha256(dest)
+    return mine.get("source_sha256") == source.get("sha256") and mine.get("sha256") == sha256_file(dest)
 
 
 def compute_mean(lmdb_path: Path, dest: Path) -> np.ndarray:
@@ -441,5 +434,5 @@ def compute_mean(lmdb_path: Path, dest: Path) -> np.ndarray:
     source = _read_json(done_stamp(lmdb_path))
     if isinstance(source, dict) and "sha256" in source:
         _atomic_json(stamp, {"source": str(lmdb_path), "source_sha256": source["sha256"],
-                             "sha256": _file_sha256(dest)})
+                             "sha256": sha256_file(dest)})
     return mean
