@@ -89,14 +89,14 @@ def dogs256(wf_pb2, wf_synthetic_archives, tmp_path_factory):
     return data
 
 
-@WF_NEEDS_BUILD
-def test_caffenet_trains_two_iterations_on_256px_lmdbs_and_deploy_runs(tmp_path, wf_pb2, dogs256):
-    """The full-size model on the CPU: prepare-dogs at 256x256 (the real default), 2 iterations, batch 4."""
+def _train_two_iterations_then_deploy(tmp_path, wf_pb2, dogs256, model: str, crop: int) -> str:
+    """`cometctl train --cpu` runs the shipped solver (its comet block included) for 2 iterations on
+    the 256x256 LMDBs at batch 4; then the deploy net classifies one input into 120 breeds.
+    Returns the training log."""
     from cometctl.caffeproto import import_caffe
     from cometctl.train import train
 
-    data = dogs256
-    solver = wf_point_model_at(wf_pb2, MODELS / "bvlc_reference_caffenet", data, tmp_path / "caffenet",
+    solver = wf_point_model_at(wf_pb2, MODELS / model, dogs256, tmp_path / model,
                                batch=4, test_iter=1, test_interval=1000, test_initialization=False, display=1,
                                snapshot=0, snapshot_after_train=False)
     code = train(solver, cpu=True, iters=2, run_dir=tmp_path / "run")
@@ -104,13 +104,20 @@ def test_caffenet_trains_two_iterations_on_256px_lmdbs_and_deploy_runs(tmp_path,
     assert code == 0, log[-3000:]
     assert "Iteration 1" in log and "Optimization Done" in log
     for f in (tmp_path / "run" / "snapshots").glob("*"):
-        f.unlink()  # 2 x 230 MB of CaffeNet weights and state: not needed here
+        f.unlink()  # CaffeNet's weights and state are 2 x 230 MB: not needed here
     caffe = import_caffe()
     caffe.set_mode_cpu()
-    net = caffe.Net(str(MODELS / "bvlc_reference_caffenet" / "deploy.prototxt"), caffe.TEST)
-    net.blobs["data"].reshape(1, 3, 227, 227)
-    prob = net.forward(data=np.random.default_rng(0).normal(size=(1, 3, 227, 227)).astype(np.float32))["prob"]
+    net = caffe.Net(str(MODELS / model / "deploy.prototxt"), caffe.TEST)
+    net.blobs["data"].reshape(1, 3, crop, crop)
+    prob = net.forward(data=np.random.default_rng(0).normal(size=(1, 3, crop, crop)).astype(np.float32))["prob"]
     assert prob.shape == (1, 120) and abs(prob.sum() - 1) < 1e-4
+    return log
+
+
+@WF_NEEDS_BUILD
+def test_caffenet_trains_two_iterations_on_256px_lmdbs_and_deploy_runs(tmp_path, wf_pb2, dogs256):
+    """The full-size model on the CPU: prepare-dogs at 256x256 (the real default), 2 iterations, batch 4."""
+    _train_two_iterations_then_deploy(tmp_path, wf_pb2, dogs256, "bvlc_reference_caffenet", 227)
 
 
 @pytest.mark.parametrize("model", sorted(EXPECTED))
@@ -156,19 +163,5 @@ def test_resnet18_is_resnet18(wf_pb2):
 @WF_NEEDS_BUILD
 def test_resnet18_trains_two_iterations_with_comet_and_deploy_runs(tmp_path, wf_pb2, dogs256):
     """`cometctl train --cpu` runs the shipped solver (its comet block included) on 256x256 LMDBs, batch 4."""
-    from cometctl.caffeproto import import_caffe
-    from cometctl.train import train
-
-    solver = wf_point_model_at(wf_pb2, MODELS / "resnet18_dogs", dogs256, tmp_path / "resnet",
-                               batch=4, test_iter=1, test_interval=1000, test_initialization=False, display=1,
-                               snapshot=0, snapshot_after_train=False)
-    code = train(solver, cpu=True, iters=2, run_dir=tmp_path / "run")
-    log = (tmp_path / "run" / "caffe.log").read_text()
-    assert code == 0, log[-3000:]
-    assert "Iteration 1" in log and "Optimization Done" in log and "COMET" in log
-    caffe = import_caffe()
-    caffe.set_mode_cpu()
-    net = caffe.Net(str(MODELS / "resnet18_dogs" / "deploy.prototxt"), caffe.TEST)
-    net.blobs["data"].reshape(1, 3, 224, 224)
-    prob = net.forward(data=np.random.default_rng(0).normal(size=(1, 3, 224, 224)).astype(np.float32))["prob"]
-    assert prob.shape == (1, 120) and abs(prob.sum() - 1) < 1e-4
+    log = _train_two_iterations_then_deploy(tmp_path, wf_pb2, dogs256, "resnet18_dogs", 224)
+    assert "COMET" in log
