@@ -84,9 +84,11 @@ def main() -> int:
         on = caffe.get_solver(str(Path(tmp) / "on.prototxt"))
         for s in (off, on):
             s.step(args.warmup)
-        for name in off.net.params:  # the same weights; the gradients start from zero
+        # The same weights: those COMET trained to, on which its bounds were measured (off's,
+        # after warm-up steps of its own, can differ enough to shift the activations' scale).
+        for name in off.net.params:
             for a, b in zip(off.net.params[name], on.net.params[name]):
-                b.data[...] = a.data
+                a.data[...] = b.data
         for s in (off, on):
             for name in s.net.params:
                 for p in s.net.params[name]:

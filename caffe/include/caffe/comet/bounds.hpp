@@ -6,9 +6,11 @@
 // entry before it encodes, and on measuring iterations calls BeforeBackward/AfterBackward around
 // each layer's backward; the rule of the layer's bound measures what it needs and sets it.
 
+#include <set>
 #include <string>
 #include <vector>
 
+#include "caffe/comet/error_model.hpp"
 #include "caffe/comet/plan.hpp"
 #include "caffe/net.hpp"
 #include "caffe/proto/caffe.pb.h"
@@ -28,7 +30,11 @@ class CometBounds {
   void Set(const std::string& layer, float eb);
   float ForEntry(const CometPlanEntry& e) const;  // the tightest bound of its readers
 
-  // Measuring iterations: around the backward of each layer whose adaptive rule applies.
+  // Measuring iterations: when a lossy entry is encoded (data: its dense values, on the device
+  // or not, of the given shape, stored at eb), the error statistics its weighted readers' rule
+  // needs; then around the backward of each layer whose adaptive rule applies.
+  void NoteStoredInput(const CometPlanEntry& e, const float* data, bool on_device,
+                       const std::vector<int>& shape, float eb);
   void BeforeBackward(int layer);
   void AfterBackward(int layer);
 
@@ -41,13 +47,21 @@ class CometBounds {
   bool Measures(int layer) const;
   double BatchNormErrorScale(int layer) const;
   double LrnErrorPerBound(int layer) const;
+  void MeasureWeightErrors(int layer);
   void SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms);
+  void Clamped(CometPlanBound* bd, double eb);  // sets it within the limits
 
   const Net<Dtype>* net_;
   CometParameter param_;
   std::vector<CometPlanBound> bounds_;
   std::vector<int> bound_of_layer_;  // layer -> bound or -1
   std::vector<double> measured_;     // layer -> what BeforeBackward measured
+  std::vector<CometErrorSample> errors_;  // bound -> its input's sample, this measuring iteration
+  struct Ladder {
+    std::vector<double> bounds, errors;  // the weight rule's RMS errors at these bounds
+  };
+  std::vector<Ladder> ladder_;       // layer -> measured before its backward
+  std::set<std::string> settled_;    // bounds measured (or restored) once: they grow at most 2x
 };
 
 }  // namespace caffe

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,6 +33,8 @@ void CometBounds<Dtype>::Reset(const CometPlan& plan) {
     if (old.count(bounds_[b].layer)) bounds_[b].eb = old[bounds_[b].layer];
   bound_of_layer_ = plan.bound_of_layer;
   measured_.assign(bound_of_layer_.size(), 0);
+  ladder_.assign(bound_of_layer_.size(), Ladder());
+  errors_.assign(bounds_.size(), CometErrorSample());
 }
 
 template <typename Dtype>
@@ -67,20 +70,118 @@ bool CometBounds<Dtype>::Measures(int layer) const {
   return bd.rule != CometPlanBound::WEIGHT_GRADIENT || !net_->layers()[layer]->blobs().empty();
 }
 
+namespace {
+// One of Convolution's repeated spatial fields: one value for both axes, or one per axis (H, W).
+int Spatial(const google::protobuf::RepeatedField<uint32_t>& v, int axis, int otherwise) {
+  return v.size() == 0 ? otherwise : v.Get(std::min(axis, v.size() - 1));
+}
+
+// How a weighted layer pairs input channels with outputs; false for a layer the measurement does
+// not cover (its rule takes the errors as independent).
+bool WeightGeometry(const LayerParameter& lp, const std::vector<int>& in_shape,
+                    CometWeightGeometry* g) {
+  if (lp.type() == "InnerProduct") {
+    g->kind = CometWeightGeometry::INNER_PRODUCT;
+    return true;
+  }
+  if (lp.type() == "Scale") {
+    g->kind = CometWeightGeometry::SCALE;
+    return in_shape.size() >= 2 && lp.scale_param().axis() == 1 &&
+           lp.scale_param().num_axes() == 1;
+  }
+  if (lp.type() != "Convolution" || in_shape.size() != 4) return false;
+  const ConvolutionParameter& cp = lp.convolution_param();
+  g->kind = CometWeightGeometry::CONVOLUTION;
+  g->group = cp.group();
+  g->kernel_h = cp.has_kernel_h() ? cp.kernel_h() : Spatial(cp.kernel_size(), 0, 1);
+  g->kernel_w = cp.has_kernel_w() ? cp.kernel_w() : Spatial(cp.kernel_size(), 1, 1);
+  g->stride_h = cp.has_stride_h() ? cp.stride_h() : Spatial(cp.stride(), 0, 1);
+  g->stride_w = cp.has_stride_w() ? cp.stride_w() : Spatial(cp.stride(), 1, 1);
+  g->pad_h = cp.has_pad_h() ? cp.pad_h() : Spatial(cp.pad(), 0, 0);
+  g->pad_w = cp.has_pad_w() ? cp.pad_w() : Spatial(cp.pad(), 1, 0);
+  g->dilation_h = Spatial(cp.dilation(), 0, 1);
+  g->dilation_w = Spatial(cp.dilation(), 1, 1);
+  return cp.axis() == 1;
+}
+
+// num x channels x height x width of a blob read by a layer of this kind (InnerProduct: rows x
+// features at its axis, as 1x1 maps; otherwise N x C x H x rest).
+void Maps(const LayerParameter& lp, const std::vector<int>& shape, int* num, int* channels,
+          int* height, int* width) {
+  *num = 1;
+  *channels = 1;
+  *height = 1;
+  *width = 1;
+  if (lp.type() == "InnerProduct") {
+    int axis = lp.inner_product_param().axis();
+    if (axis < 0) axis += shape.size();
+    for (int i = 0; i < shape.size(); ++i) (i < axis ? *num : *channels) *= shape[i];
+    return;
+  }
+  *num = shape[0];
+  *channels = shape[1];
+  if (shape.size() > 2) *height = shape[2];
+  for (int i = 3; i < shape.size(); ++i) *width *= shape[i];
+}
+
+const float* DiffOf(const Blob<float>* b, bool dev) { return dev ? b->gpu_diff() : b->cpu_diff(); }
+const float* DiffOf(const Blob<double>*, bool) { return NULL; }  // the store keeps floats only
+}  // namespace
+
+template <typename Dtype>
+void CometBounds<Dtype>::NoteStoredInput(const CometPlanEntry& e, const float* data,
+                                         bool on_device, const std::vector<int>& shape, float eb) {
+  for (int i = 0; i < e.eb_layers.size(); ++i) {
+    const int b = e.eb_layers[i];
+    const CometPlanBound& bd = bounds_[b];
+    if (bd.rule != CometPlanBound::WEIGHT_GRADIENT || !Measures(bd.layer_id)) continue;
+    const LayerParameter& lp = net_->layers()[bd.layer_id]->layer_param();
+    CometWeightGeometry g;
+    if (!WeightGeometry(lp, shape, &g)) continue;
+    int num, channels, height, width;
+    Maps(lp, shape, &num, &channels, &height, &width);
+    errors_[b] = CometSampleInput(data, on_device, num, channels, height, width, eb, e.signs, g);
+  }
+}
+
 template <typename Dtype>
 void CometBounds<Dtype>::BeforeBackward(int layer) {
   if (!Measures(layer)) return;
   switch (bounds_[bound_of_layer_[layer]].rule) {
     case CometPlanBound::BATCHNORM: measured_[layer] = BatchNormErrorScale(layer); break;
     case CometPlanBound::LRN: measured_[layer] = LrnErrorPerBound(layer); break;
-    default: {
-      // ||dy||^2 of the layer's output gradient, for the error estimate after its backward.
-      const std::vector<Blob<Dtype>*>& tops = net_->top_vecs()[layer];
-      double s = 0;
-      for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
-      measured_[layer] = s;
-    }
+    default: MeasureWeightErrors(layer);
   }
+}
+
+// The weight rule, before the backward (an in-place layer overwrites the output gradient it
+// reads): the RMS error of a sample of the weights at a ladder of bounds around the current one
+// (error_model.hpp). Where the input was not sampled this iteration (a layer kind the sample does
+// not cover, an input kept dense this step), the errors are taken as independent and uniform in
+// [-eb, eb]: each weight's error has variance eb^2 / 3 * ||dy_o||^2, ||dy||^2 / (3 O) over the
+// weights, in measured_.
+template <typename Dtype>
+void CometBounds<Dtype>::MeasureWeightErrors(int layer) {
+  const std::vector<Blob<Dtype>*>& tops = net_->top_vecs()[layer];
+  Layer<Dtype>* l = net_->layers()[layer].get();
+  CometErrorSample& sample = errors_[bound_of_layer_[layer]];
+  Ladder& ladder = ladder_[layer];
+  ladder = Ladder();
+  const bool dev = Caffe::mode() == Caffe::GPU;
+  const float* dy = DiffOf(tops[0], dev);
+  CometWeightGeometry g;
+  if (sample.valid && dy && tops.size() == 1 &&
+      WeightGeometry(l->layer_param(), net_->bottom_vecs()[layer][0]->shape(), &g)) {
+    int num, channels, height, width;
+    Maps(l->layer_param(), tops[0]->shape(), &num, &channels, &height, &width);
+    ladder.bounds = CometLadder(sample.eb);
+    ladder.errors = CometWeightErrors(sample, dy, dev, channels, height, width, g, ladder.bounds);
+  } else {
+    double s = 0;
+    for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
+    measured_[layer] = s / (3. * l->blobs()[0]->shape(0));
+  }
+  sample = CometErrorSample();  // used once: the next measuring iteration samples again
 }
 
 // eb such that the estimated gradient error (per_eb * eb) is adaptive_target times the
@@ -91,7 +192,19 @@ void CometBounds<Dtype>::SetFrom(CometPlanBound* bd, double per_eb, double gradi
       !std::isfinite(gradient_rms)) {
     return;  // nothing to learn from this step (a zero or non-finite gradient)
   }
-  double eb = param_.adaptive_target() * gradient_rms / per_eb;
+  Clamped(bd, param_.adaptive_target() * gradient_rms / per_eb);
+}
+
+// Within [min_error_bound, max_error_bound], and, once a bound has been measured, at most twice
+// what it was: a bound is used until the next measuring iteration, and early in training the
+// activations' scale can fall several times between two of them. A bound near the activations'
+// size rounds most of them to 0, and the error then rises steeply (GoogLeNet at batch 32 after 5
+// steps: 1% of the gradient at a bound of 0.23, 53% at 0.63 one step later). Shrinking is not
+// limited.
+template <typename Dtype>
+void CometBounds<Dtype>::Clamped(CometPlanBound* bd, double eb) {
+  if (settled_.count(bd->layer)) eb = std::min<double>(eb, 2. * bd->eb);
+  settled_.insert(bd->layer);
   eb = std::min<double>(std::max<double>(eb, param_.min_error_bound()), param_.max_error_bound());
   bd->eb = static_cast<float>(eb);
 }
@@ -109,13 +222,25 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
     const double channels = CometLayerAccess<Dtype>::bn_std(net_->layers()[layer].get())->count();
     SetFrom(&bd, std::sqrt(measured_[layer] / (3. * channels)), dx_rms);
   } else {
-    // Weight gradient dW = sum x (x) dy. An input error uniform in [-eb, eb] gives each weight
-    // an error of standard deviation eb/sqrt(3) * ||dy_o|| (dy_o: the output channel the weight
-    // feeds), so the RMS error over the weights is eb * ||dy|| / sqrt(3 O), O output channels
-    // (the gradient is still the raw data gradient: regularisation comes later, in ApplyUpdate).
+    // Weight gradient dW = sum x (x) dy, still the raw data gradient here (regularisation
+    // comes later, in ApplyUpdate): the bound where the error measured before the backward
+    // reaches the target, or the independent-error estimate.
     const Blob<Dtype>* w = net_->layers()[layer]->blobs()[0].get();
     const double grad_rms = std::sqrt(static_cast<double>(w->sumsq_diff()) / w->count());
-    SetFrom(&bd, std::sqrt(measured_[layer]) / std::sqrt(3. * w->shape(0)), grad_rms);
+    Ladder& ladder = ladder_[layer];
+    if (ladder.bounds.empty()) {
+      SetFrom(&bd, std::sqrt(measured_[layer]), grad_rms);
+    } else if (grad_rms > 0 && std::isfinite(grad_rms)) {
+      // Where the curve is steeper than quadratic (the bound nears the activations' size and
+      // most of them round to 0), a small change of the activations moves the error a lot: the
+      // bound then also stays at half the one with 4x the error.
+      const double target = param_.adaptive_target() * grad_rms;
+      double eb = CometBoundForError(ladder.bounds, ladder.errors, target);
+      const double steep = CometBoundForError(ladder.bounds, ladder.errors, 4 * target);
+      if (steep > 0) eb = std::min(eb, steep / 2);
+      if (eb > 0 && std::isfinite(eb)) Clamped(&bd, eb);
+    }
+    ladder = Ladder();
   }
 }
 
@@ -219,6 +344,7 @@ void CometBounds<Dtype>::Load(const std::string& solverstate_filename, int iter)
       known = true;
       if (!bounds_[b].fixed) {
         bounds_[b].eb = eb;
+        settled_.insert(bounds_[b].layer);
         ++restored;
       }
     }

@@ -332,6 +332,7 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
     const float eb = bounds_.ForEntry(*e);
     e->eb_sum += eb;
     Blob<Dtype>* x = CometLayerAccess<Dtype>::bn_x_norm(net_->layers()[e->layer].get());
+    if (measuring_) bounds_.NoteStoredInput(*e, data, dev, x->shape(), eb);
     p = CometEncodeLossy(data, x->shape(), dev, eb, e->blob);
     Hold(e, mem, p);
   } else if (e->action == RECOMPUTE || e->action == REBUILD) {
@@ -392,8 +393,10 @@ void CometStore<Dtype>::AfterForward(int layer) {
     const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
     shared_ptr<CometPayload> p;
     if (e.action == LOSSY) {
-      e.eb_sum += bounds_.ForEntry(e);
-      p = CometEncodeLossy(data, blob->shape(), dev, bounds_.ForEntry(e), e.blob);
+      const float eb = bounds_.ForEntry(e);
+      e.eb_sum += eb;
+      if (measuring_) bounds_.NoteStoredInput(e, data, dev, blob->shape(), eb);
+      p = CometEncodeLossy(data, blob->shape(), dev, eb, e.blob);
       if (e.signs) {
         p->sign_mask = CometEncodeMask(data, blob->count(), dev, e.blob);
         if (!p->sign_mask) {

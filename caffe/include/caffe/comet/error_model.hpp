@@ -1,0 +1,91 @@
+#ifndef CAFFE_COMET_ERROR_MODEL_HPP_
+#define CAFFE_COMET_ERROR_MODEL_HPP_
+
+// COMET-Caffe: the weight-gradient error an input stored lossy causes, measured on a sample of
+// the weights (docs/comet.md#the-weight-rule-measured). sz's error e = x' - x is a function of
+// the value alone (the nearest multiple of 2 eb), so equal neighbours (max pooling's repeated
+// maxima) carry equal errors and the many small positives that round to 0 all err downwards: a
+// weight gradient dW[o, c, k] = sum over n, p of dy[n, o, p] x[n, c, s p + k] adds them
+// coherently, several times more than independent errors would on GoogLeNet's 7x7 and 14x14
+// maps, and faster than in proportion to eb (more values round to 0 as eb grows). No model of
+// either is needed: when the input is encoded a sample of its channels is kept dense (x is gone
+// after), and before the layer's backward the error of the weights that pair those channels with
+// some outputs is computed from them and the output gradient, as the layer would compute the
+// weight gradient (it is linear in x), for the errors of a ladder of bounds around the current
+// one. The rule then picks the bound where that error meets its target.
+
+#include <cstddef>
+#include <vector>
+
+namespace caffe {
+
+// How a weighted layer pairs input channels with outputs.
+struct CometWeightGeometry {
+  enum Kind { CONVOLUTION, INNER_PRODUCT, SCALE };
+  CometWeightGeometry()
+      : kind(CONVOLUTION), group(1), kernel_h(1), kernel_w(1), stride_h(1), stride_w(1),
+        pad_h(0), pad_w(0), dilation_h(1), dilation_w(1) {}
+  Kind kind;     // INNER_PRODUCT: one "channel" per input feature; SCALE: weight c reads channel c
+  int group;     // CONVOLUTION: channels and outputs in groups
+  int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+};
+
+// Some channels of the first images of a stored input (maps of height x width; an InnerProduct
+// input has height = width = 1 and one channel per feature), dense, taken when the input is
+// encoded at bound eb (the errors at any bound follow from them).
+struct CometErrorSample {
+  CometErrorSample()
+      : valid(false), eb(0), signs(false), num(0), images(0), height(0), width(0) {}
+  bool valid;
+  double eb;
+  bool signs;                 // a sign mask is stored alongside: the decoder clamps signs
+  int num, images;            // images in the batch, and sampled (the first ones)
+  int height, width;
+  std::vector<int> channels;  // which, ascending
+  std::vector<float> x;       // images x channels.size() x height x width
+};
+
+// Images a sample takes at most (the batch's order is random), values it holds at most (one
+// channel at least); what the output gradient's part reads at most (one output at least).
+const int kCometSampleImages = 8;
+const size_t kCometErrorSample = size_t(1) << 15;
+const size_t kCometGradientSample = size_t(1) << 18;
+
+// Samples x (host or device memory: num x channels x height x width), stored at bound eb; the
+// channels are spread over the middle group of the layer reading x.
+CometErrorSample CometSampleInput(const float* x, bool on_device, int num, int channels,
+                                  int height, int width, double eb, bool signs,
+                                  const CometWeightGeometry& g);
+
+// The bounds the rule tries around eb: eb * 2^k for k = -kCometLadderSteps .. kCometLadderSteps.
+const int kCometLadderSteps = 3;
+std::vector<double> CometLadder(double eb);
+
+// The RMS error of the weights pairing the sample's channels with some of the outputs (all of
+// them on small layers), were the input stored at each of `bounds`, over all num images (from
+// the sampled images' parts: their mean square and their mean product, which is what adds up
+// coherently from image to image; exact when every image is sampled): x' as sz's quantiser
+// restores it (the nearest multiple of 2 eb, exact zeros exact, non-finite and huge values
+// verbatim), clamped by the sign mask where one is stored. dy (host or device) is the output
+// gradient, num x out_channels x height x width.
+std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy, bool on_device,
+                                      int out_channels, int height, int width,
+                                      const CometWeightGeometry& g,
+                                      const std::vector<double>& bounds);
+
+// The bound at which the error reaches `target`, from errors measured at ascending bounds: where
+// the curve's running maximum crosses it (a dip, where the errors of clustered values happen to
+// cancel, is not counted on: it moves with the values), by log-log interpolation; beyond the measured bounds
+// extrapolated with the end segment's slope clamped to [1, 4]. -1 where the errors say nothing
+// (zero or not finite).
+double CometBoundForError(const std::vector<double>& bounds, const std::vector<double>& errors,
+                          double target);
+
+// Copies `rows` runs of `width` floats from src + offset + r * pitch (host or device memory) into
+// one host array: how a channel block of an N x C x ... blob is read without touching the rest.
+std::vector<float> CometGatherRows(const float* src, bool on_device, int rows, size_t pitch,
+                                   size_t offset, size_t width);
+
+}  // namespace caffe
+
+#endif  // CAFFE_COMET_ERROR_MODEL_HPP_

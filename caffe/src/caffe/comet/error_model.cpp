@@ -1,0 +1,257 @@
+// COMET-Caffe: the weight-gradient error of an input stored lossy, measured on a sample of the
+// weights (include/caffe/comet/error_model.hpp).
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <vector>
+
+#include "caffe/common.hpp"
+#include "caffe/comet/error_model.hpp"
+
+namespace caffe {
+
+namespace {
+// The channels a sample reads: whole channels (values_per_channel each), at most `cap` values and
+// at least one channel, spread evenly over the middle group in at most 32 runs of neighbours
+// (an Inception output concatenates branches whose errors differ: a block of neighbours would
+// see one branch only). Runs keep the copies from device memory few.
+std::vector<int> Spread(int channels, int group, size_t values_per_channel, size_t cap) {
+  const int per_group = std::max(channels / std::max(group, 1), 1);
+  const int count = static_cast<int>(std::max<size_t>(
+      1, std::min<size_t>(per_group, cap / std::max<size_t>(values_per_channel, 1))));
+  const int runs = std::min(count, 32);
+  const int first = (group / 2) * per_group;
+  std::vector<int> picked;
+  for (int r = 0; r < runs; ++r) {
+    // Run r of about count / runs channels, centred in its slot of about per_group / runs: all
+    // channels when count is per_group.
+    const int slot = first + per_group * r / runs, slot_end = first + per_group * (r + 1) / runs;
+    const int run = std::min(count * (r + 1) / runs - count * r / runs, slot_end - slot);
+    for (int i = 0; i < run; ++i) picked.push_back(slot + (slot_end - slot - run) / 2 + i);
+  }
+  return picked;
+}
+
+// Those channels of the first num images of an N x channels x plane blob: num x picked x plane.
+std::vector<float> GatherChannels(const float* src, bool on_device, int num, int channels,
+                                  size_t plane, const std::vector<int>& picked) {
+  std::vector<float> out(static_cast<size_t>(num) * picked.size() * plane);
+  for (size_t i = 0; i < picked.size();) {
+    size_t j = i + 1;  // a run of neighbouring channels: one copy
+    while (j < picked.size() && picked[j] == picked[j - 1] + 1) ++j;
+    const std::vector<float> part = CometGatherRows(src, on_device, num, channels * plane,
+                                                    picked[i] * plane, (j - i) * plane);
+    for (int n = 0; n < num; ++n)
+      std::copy(&part[n * (j - i) * plane], &part[(n + 1) * (j - i) * plane],
+                &out[(n * picked.size() + i) * plane]);
+    i = j;
+  }
+  return out;
+}
+
+// x' as sz restores x stored at bound eb_f (sz/src/quantizer.h: q = round(x / 2eb) ties to even,
+// x' = float(q) * 2eb, one step of correction where float rounding misses the bound, verbatim
+// where that fails or |q| would reach 2^29 or x is not finite), then as the sign mask clamps it
+// (comet/mask.hpp: positives stay above 0, the rest at or below).
+float Restored(float x, float eb_f, float two_eb, float inv_two_eb, bool signs) {
+  const float t = x * inv_two_eb;
+  if (!(std::fabs(t) < 536870912.f)) return x;
+  float q = std::nearbyint(t);
+  float r = q * two_eb;
+  if (std::fabs(static_cast<double>(x) - r) > eb_f) {
+    q += x > r ? 1.f : -1.f;
+    r = q * two_eb;
+    if (std::fabs(static_cast<double>(x) - r) > eb_f) return x;
+  }
+  if (signs) r = x > 0 ? std::max(r, FLT_MIN) : std::min(r, 0.f);
+  return r;
+}
+}  // namespace
+
+CometErrorSample CometSampleInput(const float* x, bool on_device, int num, int channels,
+                                  int height, int width, double eb, bool signs,
+                                  const CometWeightGeometry& g) {
+  CometErrorSample s;
+  if (!(eb > 0) || num <= 0 || channels <= 0 || height <= 0 || width <= 0) return s;
+  const size_t plane = static_cast<size_t>(height) * width;
+  s.images = std::min(num, kCometSampleImages);
+  s.channels = Spread(channels, g.kind == CometWeightGeometry::CONVOLUTION ? g.group : 1,
+                      s.images * plane, kCometErrorSample);
+  s.x = GatherChannels(x, on_device, s.images, channels, plane, s.channels);
+  s.eb = eb;
+  s.signs = signs;
+  s.num = num;
+  s.height = height;
+  s.width = width;
+  s.valid = true;
+  return s;
+}
+
+std::vector<double> CometLadder(double eb) {
+  std::vector<double> bounds;
+  for (int k = -kCometLadderSteps; k <= kCometLadderSteps; ++k) bounds.push_back(std::ldexp(eb, k));
+  return bounds;
+}
+
+std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy, bool on_device,
+                                      int out_channels, int height, int width,
+                                      const CometWeightGeometry& g,
+                                      const std::vector<double>& bounds) {
+  const int nb = bounds.size();
+  // The sample's errors at each bound: nb x values.
+  const size_t values = s.x.size();
+  std::vector<float> e(nb * values);
+  for (int b = 0; b < nb; ++b) {
+    float eb_f = static_cast<float>(bounds[b]);  // the largest float not above eb, as sz uses
+    if (eb_f > bounds[b]) eb_f = std::nextafter(eb_f, 0.f);
+    const float two_eb = 2 * eb_f, inv = 1 / two_eb;
+    for (size_t i = 0; i < values; ++i)
+      e[b * values + i] = Restored(s.x[i], eb_f, two_eb, inv, s.signs) - s.x[i];
+  }
+  const size_t plane = static_cast<size_t>(height) * width;
+  const size_t in_plane = static_cast<size_t>(s.height) * s.width;
+  const int images = s.images, in_count = s.channels.size();
+  // Per weight and bound: the error is a sum over the num images of per-image parts a_n. From
+  // the sampled images, E[a_n^2] (self) and E[a_n a_m], n != m (cross: what adds coherently
+  // from image to image) give E[(sum a_n)^2] = num self + num (num - 1) cross, exact when every
+  // image is sampled.
+  std::vector<double> self(nb, 0.), cross(nb, 0.), part(nb), sum(nb), sq(nb);
+  double weights = 0;
+  const auto begin_weight = [&]() {
+    std::fill(sum.begin(), sum.end(), 0.);
+    std::fill(sq.begin(), sq.end(), 0.);
+  };
+  const auto end_image = [&]() {
+    for (int b = 0; b < nb; ++b) {
+      sum[b] += part[b];
+      sq[b] += part[b] * part[b];
+    }
+  };
+  const auto end_weight = [&]() {
+    for (int b = 0; b < nb; ++b) {
+      self[b] += sq[b] / images;
+      if (images > 1) cross[b] += (sum[b] * sum[b] - sq[b]) / (images * (images - 1.));
+    }
+    weights += 1;
+  };
+  if (g.kind == CometWeightGeometry::SCALE) {
+    // Weight c reads channel c only: the sample's channels, of input and output alike.
+    const std::vector<float> d = GatherChannels(dy, on_device, images, out_channels, plane,
+                                                s.channels);
+    for (int c = 0; c < in_count; ++c) {
+      begin_weight();
+      for (int n = 0; n < images; ++n) {
+        std::fill(part.begin(), part.end(), 0.);
+        const size_t off = (static_cast<size_t>(n) * in_count + c) * plane;
+        for (size_t i = 0; i < plane; ++i)
+          for (int b = 0; b < nb; ++b)
+            part[b] += static_cast<double>(d[off + i]) * e[b * values + off + i];
+        end_image();
+      }
+      end_weight();
+    }
+  } else {
+    // Convolution; InnerProduct as a 1x1 convolution of 1x1 maps. Outputs in the group of the
+    // sampled channels; the work, outputs x channels x kernel x images x plane x bounds
+    // products, at most about 2^25.
+    const bool conv = g.kind == CometWeightGeometry::CONVOLUTION;
+    const int kh_n = conv ? g.kernel_h : 1, kw_n = conv ? g.kernel_w : 1;
+    const double per_output = static_cast<double>(in_count) * kh_n * kw_n * images * plane * nb;
+    const size_t cap = std::min<double>(kCometGradientSample,
+                                        33554432. / per_output * images * plane);
+    const std::vector<int> outputs = Spread(out_channels, conv ? g.group : 1, images * plane, cap);
+    const int count = outputs.size();
+    const std::vector<float> d = GatherChannels(dy, on_device, images, out_channels, plane,
+                                                outputs);
+    for (int o = 0; o < count; ++o) {
+      for (int c = 0; c < in_count; ++c) {
+        for (int kh = 0; kh < kh_n; ++kh) {
+          for (int kw = 0; kw < kw_n; ++kw) {
+            begin_weight();
+            for (int n = 0; n < images; ++n) {
+              std::fill(part.begin(), part.end(), 0.);
+              const float* dp = &d[(static_cast<size_t>(n) * count + o) * plane];
+              const size_t ep = (static_cast<size_t>(n) * in_count + c) * in_plane;
+              for (int ph = 0; ph < height; ++ph) {
+                const int ih = conv ? ph * g.stride_h - g.pad_h + kh * g.dilation_h : 0;
+                if (ih < 0 || ih >= s.height) continue;
+                for (int pw = 0; pw < width; ++pw) {
+                  const int iw = conv ? pw * g.stride_w - g.pad_w + kw * g.dilation_w : 0;
+                  if (iw < 0 || iw >= s.width) continue;
+                  const double v = dp[ph * width + pw];
+                  const size_t i = ep + ih * s.width + iw;
+                  for (int b = 0; b < nb; ++b) part[b] += v * e[b * values + i];
+                }
+              }
+              end_image();
+            }
+            end_weight();
+          }
+        }
+      }
+    }
+  }
+  std::vector<double> rms(nb);
+  const double n = s.num;
+  for (int b = 0; b < nb; ++b) {
+    const double self_b = self[b] / std::max(weights, 1.), cross_b = cross[b] / std::max(weights, 1.);
+    // Noise in a negative cross term can outweigh the rest: never below one image's share.
+    rms[b] = std::sqrt(std::max(n * self_b + n * (n - 1) * cross_b, self_b));
+  }
+  return rms;
+}
+
+namespace {
+// log-log slope of the error between two bounds.
+double Slope(double b0, double e0, double b1, double e1) {
+  return (std::log(e1) - std::log(e0)) / (std::log(b1) - std::log(b0));
+}
+// The bound where the line of this slope through (b, e) reaches the target.
+double Along(double b, double e, double slope, double target) {
+  return b * std::exp((std::log(target) - std::log(e)) / slope);
+}
+// Beyond the measured bounds: the end segment's slope clamped to [1, 4] (the error grows at
+// least in proportion to the bound, and no faster than its fourth power).
+double Clamp14(double slope) { return std::min(std::max(slope, 1.), 4.); }
+}  // namespace
+
+double CometBoundForError(const std::vector<double>& bounds, const std::vector<double>& errors,
+                          double target) {
+  const int n = bounds.size();
+  if (n < 2 || !(target > 0)) return -1;
+  std::vector<double> up(errors);  // never count on a dip: the curve's running maximum
+  for (int i = 0; i < n; ++i) {
+    if (!(up[i] > 0) || !std::isfinite(up[i])) return -1;  // nothing to learn from
+    if (i > 0) up[i] = std::max(up[i], up[i - 1]);
+  }
+  if (up[0] > target)
+    return Along(bounds[0], up[0],
+                 Clamp14(Slope(bounds[0], up[0], bounds[1], up[1])), target);
+  for (int i = 0; i + 1 < n; ++i)  // the first crossing from below: its own slope, > 0
+    if (up[i + 1] > target)
+      return Along(bounds[i], up[i], Slope(bounds[i], up[i], bounds[i + 1], up[i + 1]),
+                   target);
+  return Along(bounds[n - 1], up[n - 1],
+               Clamp14(Slope(bounds[n - 2], up[n - 2], bounds[n - 1], up[n - 1])), target);
+}
+
+std::vector<float> CometGatherRows(const float* src, bool on_device, int rows, size_t pitch,
+                                   size_t offset, size_t width) {
+  std::vector<float> out(static_cast<size_t>(rows) * width);
+  if (out.empty()) return out;
+  if (on_device) {
+#ifndef CPU_ONLY
+    CUDA_CHECK(cudaMemcpy2D(out.data(), width * sizeof(float), src + offset,
+                            pitch * sizeof(float), width * sizeof(float), rows,
+                            cudaMemcpyDeviceToHost));
+#else
+    NO_GPU;
+#endif
+  } else {
+    for (int r = 0; r < rows; ++r)
+      std::copy(src + offset + r * pitch, src + offset + r * pitch + width, &out[r * width]);
+  }
+  return out;
+}
+
+}  // namespace caffe
