@@ -1,5 +1,8 @@
 """`cometctl prepare-dogs`: Stanford Dogs (or the embedded synthetic stand-in) to Caffe LMDBs.
 
+This module knows Stanford Dogs' layout (images.tar, lists.tar, the download); the conversion is
+imagedb's pipeline, the same for every layout.
+
 Outputs in the data folder (default data/dogs, or data/synthetic with --synthetic):
   train.txt, val.txt     "<class>/<file> <label>" per converted image, as convert_imageset lists read
   synset_words.txt       line i: "<wnid> <breed>" for label i (the ImageNet synset_words.txt layout)
@@ -14,12 +17,9 @@ Outputs in the data folder (default data/dogs, or data/synthetic with --syntheti
 from __future__ import annotations
 
 import io
-import json
 import os
-import random
 import tarfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import imagedb
@@ -33,24 +33,11 @@ ARCHIVES = {
     "images.tar": "1bb1f2a596ae7057f99d7d75860002ef",
     "lists.tar": "edbb9f16854ec66506b5f09b583e0656",
 }
-FORMAT_VERSION = 1
 FULL_CLASSES = 120  # Stanford Dogs' breeds
 DEFAULT_SEED = 1701
 
 
-@dataclass
-class Prepared:
-    data_dir: Path
-    classes: int
-    train: int
-    val: int
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    split: str = "official"
-    up_to_date: bool = False
-    seconds: float = 0.0
-    images_per_second: float = 0.0
-    resumed_from: dict = field(default_factory=dict)  # split -> index a resumed conversion went on from
-    kept: list[str] = field(default_factory=list)  # finished outputs verified and kept from an earlier run
+Prepared = imagedb.Prepared
 
 
 def default_data_dir(synthetic: bool) -> Path:
@@ -135,29 +122,13 @@ def read_official_split(lists_tar: Path) -> dict[str, list[tuple[str, int | None
     return split
 
 
-def seeded_split(by_class: dict[str, list[str]], val_fraction: float, seed: int) -> dict[str, list[str]]:
-    """Deterministic stratified split: in each class, a seeded shuffle, then the first share goes to val."""
-    train, val = [], []
-    for cls in sorted(by_class):
-        names = sorted(by_class[cls])
-        random.Random(f"{seed}/{cls}").shuffle(names)
-        n_val = int(round(len(names) * val_fraction)) if len(names) > 1 else 0
-        n_val = min(max(n_val, 1 if val_fraction > 0 and len(names) > 1 else 0), len(names) - 1)
-        val += names[:n_val]
-        train += names[n_val:]
-    return {"train": sorted(train), "val": sorted(val)}
+seeded_split = imagedb.seeded_split  # (kept under its old name)
 
 
 def breed(folder: str) -> tuple[str, str]:
     """"n02085620-Chihuahua" -> ("n02085620", "Chihuahua"); underscores become spaces."""
     wnid, _, name = folder.partition("-")
     return wnid, (name or wnid).replace("_", " ")
-
-
-def _write_text(path: Path, lines: list[str]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines))
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------- prepare
@@ -170,45 +141,24 @@ def prepare_dogs(*args, **kwargs) -> Prepared:
                          exit_code=130) from None
 
 
-def _prepare(data_dir: Path | None = None, archive: Path | None = None, lists: Path | None = None,
-             size: int | None = None, jobs: int | None = None, synthetic: bool = False,
-             seed: int = DEFAULT_SEED, val_fraction: float = 0.2, url: str | None = None,
-             _stop_after: int | None = None) -> Prepared:
-    t0 = time.perf_counter()
-    data_dir = Path(data_dir) if data_dir else default_data_dir(synthetic)
-    size = size or (64 if synthetic else 256)
-    if size < 8 or size > 4096:
-        raise CometError(f"--size {size}: choose between 8 and 4096 pixels")
-    if not 0 <= val_fraction < 1:
-        raise CometError(f"--val-fraction {val_fraction}: must be in [0, 1)")
-    jobs = max(1, jobs or os.cpu_count() or 1)
+def read_layout(archive: Path, lists: Path | None, seed: int, val_fraction: float,
+                synthetic: bool = False) -> imagedb.Layout:
+    """Stanford Dogs' layout: Images/<wnid>-<breed>/<file> in images.tar (or its unpacked folder); the
+    split from lists.tar when given, else seeded and stratified."""
+    from .progress import step
 
-    if synthetic:
-        if archive or lists:
-            raise CometError("--synthetic generates its own archives; drop --archive/--lists")
-        from . import synthetic as synth
-
-        archive, lists = synth.ensure(data_dir)
-    elif archive is None:  # nothing on disk: the real dataset from its home page
-        archive = fetch_archive(data_dir, "images.tar", url)
-        lists = lists or fetch_archive(data_dir, "lists.tar", url)
     archive = Path(archive)
     if not archive.exists():
         raise CometError(f"{archive}: no such file (give images.tar from {HOME_PAGE}, or the unpacked folder)")
-
-    from .progress import step
-
     with step(f"index {archive}"):
         source = imagedb.open_source(archive)
+        if any(n.startswith("Images/") for n in source.names()):
+            source = source.view("Images/")
     names = source.names()
-    by_class: dict[str, list[str]] = {}
-    for n in names:
-        if "/" not in n:
-            continue  # images must sit in a per-class folder
-        by_class.setdefault(n.split("/", 1)[0], []).append(n)
-    if len(by_class) < 2:
-        raise CometError(f"{archive}: found {len(by_class)} class folder(s); expected Images/<wnid>-<breed>/*.jpg")
-    classes = sorted(by_class)
+    groups, _ = imagedb.by_class(names)
+    if len(groups) < 2:
+        raise CometError(f"{archive}: found {len(groups)} class folder(s); expected Images/<wnid>-<breed>/*.jpg")
+    classes = sorted(groups)
     label_of = {c: i for i, c in enumerate(classes)}
     if not synthetic and len(classes) == FULL_CLASSES:
         check_published(archive, "images.tar")
@@ -231,81 +181,40 @@ def _prepare(data_dir: Path | None = None, archive: Path | None = None, lists: P
             split[part] = sorted(n for n, _ in items)
     else:
         split_mode = f"seeded stratified (seed {seed}, val fraction {val_fraction})"
-        split = seeded_split(by_class, val_fraction, seed)
-
-    orders = {}
-    for part in ("train", "val"):
-        order = list(split[part])
-        random.Random(f"{seed}/{part}").shuffle(order)  # Caffe reads keys in order: store them shuffled
-        orders[part] = [(n, label_of[n.split("/", 1)[0]]) for n in order]
+        split = seeded_split(groups, val_fraction, seed)
 
     lists_id = None
     if lists:
         st = Path(lists).stat()
         lists_id = {"path": str(Path(lists).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    fingerprint = imagedb.plan_digest(FORMAT_VERSION, source.identity(), lists_id, size, seed,
-                                      split_mode, orders)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    manifest_path = data_dir / "prepare.json"
-    outputs = [data_dir / f for f in ("train_lmdb", "val_lmdb", "mean.binaryproto", "train.txt", "val.txt",
-                                      "synset_words.txt")]
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError):
-        manifest = {}
-    if manifest.get("fingerprint") == fingerprint and all(p.exists() for p in outputs):
-        console.print(f"{data_dir}: already prepared from {archive} (nothing to do)")
-        return Prepared(data_dir, len(classes), manifest["train"], manifest["val"],
-                        [tuple(s) for s in manifest.get("skipped", [])], split_mode, up_to_date=True)
-    if manifest_path.exists():
-        manifest_path.unlink()  # the outputs are about to change: they are not "prepared" until the end
+    inputs = {"archive": str(archive)}
+    if lists:
+        inputs["lists"] = str(lists)
+    return imagedb.Layout(
+        kind="dogs", inputs=inputs,
+        parts={part: imagedb.Part(source, imagedb.labelled(split[part], label_of)) for part in imagedb.PARTS},
+        classes=classes, words=[" ".join(breed(c)) for c in classes], split=split_mode, identity=[lists_id])
 
-    console.print(f"{len(names)} images in {len(classes)} classes; split: {split_mode}; "
-                  f"{len(orders['train'])} train, {len(orders['val'])} val; {size}x{size}; {jobs} job(s)")
-    results = {}
-    converted = 0
-    t_conv = time.perf_counter()
-    for part in ("train", "val"):
-        plan = imagedb.plan_digest(fingerprint, part)
-        res = imagedb.build_lmdb(source, orders[part], data_dir / f"{part}_lmdb", size, jobs,
-                                 f"{part} LMDB", plan, stop_after=_stop_after)
-        results[part] = res
-        converted += len(orders[part]) - res.resumed_from
-    conv_seconds = time.perf_counter() - t_conv
-    kept = [f"{part}_lmdb" for part, res in results.items() if res.kept]
-    mean_path = data_dir / "mean.binaryproto"
-    if results["train"].kept and imagedb.mean_is_current(data_dir / "train_lmdb", mean_path):
-        console.print(f"mean image: kept {mean_path} (computed from this train LMDB earlier)")
-        kept.append(mean_path.name)
-    else:
-        imagedb.compute_mean(data_dir / "train_lmdb", mean_path)
 
-    skipped = results["train"].skipped + results["val"].skipped
-    bad = {n for n, _ in skipped}
-    for part, fname in (("train", "train.txt"), ("val", "val.txt")):
-        _write_text(data_dir / fname, [f"{n} {lab}" for n, lab in sorted(orders[part]) if n not in bad])
-    _write_text(data_dir / "synset_words.txt", [" ".join(breed(c)) for c in classes])
-    _write_text(data_dir / "skipped.txt", [f"{n}\t{why}" for n, why in skipped])
-    seconds = time.perf_counter() - t0
-    rate = converted / conv_seconds if conv_seconds > 0 else 0.0
-    manifest = {"fingerprint": fingerprint, "archive": str(archive), "lists": str(lists) if lists else None,
-                "size": size, "seed": seed, "split": split_mode, "classes": len(classes),
-                "train": results["train"].written, "val": results["val"].written, "skipped": skipped,
-                "seconds": round(seconds, 2), "images_per_second": round(rate, 1), "jobs": jobs}
-    tmp = manifest_path.with_name("prepare.json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, manifest_path)
+def _prepare(data_dir: Path | None = None, archive: Path | None = None, lists: Path | None = None,
+             size: int | None = None, jobs: int | None = None, synthetic: bool = False,
+             seed: int = DEFAULT_SEED, val_fraction: float = 0.2, url: str | None = None,
+             _stop_after: int | None = None) -> Prepared:
+    t0 = time.perf_counter()
+    data_dir = Path(data_dir) if data_dir else default_data_dir(synthetic)
+    size = size or (64 if synthetic else 256)
+    imagedb.check_size(size)
+    if not 0 <= val_fraction < 1:
+        raise CometError(f"--val-fraction {val_fraction}: must be in [0, 1)")
 
-    console.print(f"[green]prepared[/] {data_dir}: {results['train'].written} train, {results['val'].written} "
-                  f"val images, {len(classes)} classes, "
-                  + (f"{rate:.0f} images/s, " if converted or not kept else f"kept {', '.join(kept)}, ")
-                  + f"{seconds:.1f} s in all")
-    if skipped:
-        console.print(f"[yellow]skipped {len(skipped)} unreadable image(s)[/], listed in {data_dir / 'skipped.txt'}:")
-        for n, why in skipped[:10]:
-            console.print(f"  {n}: {why}")
-        if len(skipped) > 10:
-            console.print(f"  ... and {len(skipped) - 10} more")
-    return Prepared(data_dir, len(classes), results["train"].written, results["val"].written, skipped,
-                    split_mode, seconds=seconds, images_per_second=rate,
-                    resumed_from={k: v.resumed_from for k, v in results.items()}, kept=kept)
+    if synthetic:
+        if archive or lists:
+            raise CometError("--synthetic generates its own archives; drop --archive/--lists")
+        from . import synthetic as synth
+
+        archive, lists = synth.ensure(data_dir)
+    elif archive is None:  # nothing on disk: the real dataset from its home page
+        archive = fetch_archive(data_dir, "images.tar", url)
+        lists = lists or fetch_archive(data_dir, "lists.tar", url)
+    layout = read_layout(Path(archive), lists, seed, val_fraction, synthetic)
+    return imagedb.prepare(data_dir, layout, size, jobs, seed, stop_after=_stop_after, t0=t0)

@@ -59,13 +59,14 @@ def wf_synthetic(wf_pb2, wf_synthetic_archives, tmp_path_factory):
     return d
 
 
-def wf_point_model_at(pb2, model_dir: Path, data_dir: Path, out_dir: Path, **solver_changes) -> Path:
-    """Copy a shipped model's solver and net into out_dir with the data paths pointed at data_dir
-    (the shipped files name data/dogs or data/synthetic in the repository). Returns the solver copy."""
+def wf_point_model_at(pb2, model_dir: Path, data_dir: Path, out_dir: Path, solver_name: str = "solver.prototxt",
+                      **solver_changes) -> Path:
+    """Copy a shipped model's solver (solver_name) and net into out_dir with the data paths pointed at data_dir
+    (the shipped files name data/dogs, data/imagenet or data/synthetic in the repository). Returns the solver copy."""
     from cometctl.caffeproto import read_text_proto, write_text_proto
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    solver = read_text_proto(model_dir / "solver.prototxt", pb2.SolverParameter())
+    solver = read_text_proto(model_dir / solver_name, pb2.SolverParameter())
     net = read_text_proto(WF_REPO / solver.net, pb2.NetParameter())
     batch = solver_changes.pop("batch", None)
     for layer in net.layer:
@@ -99,3 +100,43 @@ def wf_short_run(wf_pb2, wf_synthetic, tmp_path_factory):
     code = train(solver, cpu=True, iters=30, run_dir=base / "run")
     assert code == 0, (base / "run" / "caffe.log").read_text()[-3000:]
     return base / "run"
+
+
+# ---- small image datasets in real layouts (prepare-imagenet, prepare-images) -------------------------
+def wf_picture(seed: int, width: int = 300, height: int = 240):
+    """A smooth RGB picture (gradients and soft blobs), so that resampling filters barely differ on it."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    img = np.zeros((height, width, 3), np.float32)
+    for c in range(3):
+        a, b, d = rng.uniform(-1, 1, 3)
+        img[..., c] = 128 + 60 * (a * x / width + b * y / height) + 20 * d
+        for _ in range(3):
+            cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(25, 70)
+            img[..., c] += rng.uniform(-60, 60) * np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / (2 * r * r))
+    return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+
+
+def wf_encode(im, fmt: str = "JPEG", **kw) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    im.save(buf, format=fmt, **({"quality": 92} if fmt == "JPEG" else {}), **kw)
+    return buf.getvalue()
+
+
+def wf_tar(path: Path, members: dict) -> Path:
+    """An uncompressed tar of {name: bytes}, in that order."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1_300_000_000
+            tar.addfile(info, io.BytesIO(data))
+    return path
