@@ -78,3 +78,25 @@ def write_text_proto(path, message) -> None:
 
     with open(path, "w") as f:
         f.write(text_format.MessageToString(message))
+
+
+# Layer types that produce a net's input (what a planner or a harness replaces by DummyData).
+DATA_LAYER_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData", "MemoryData", "Input")
+
+
+def meets_train_rule(rule, pb2) -> bool:
+    """Caffe's StateMeetsRule for the state {phase: TRAIN, level: 0, no stages}."""
+    if rule.HasField("phase") and rule.phase != pb2.TRAIN:
+        return False
+    if rule.HasField("min_level") and rule.min_level > 0:
+        return False
+    if rule.HasField("max_level") and rule.max_level < 0:
+        return False
+    return not rule.stage  # a rule that needs a stage is not met (not_stage: none of ours)
+
+
+def in_train_phase(layer, pb2) -> bool:
+    """Whether Caffe keeps `layer` in the TRAIN net (its include and exclude rules)."""
+    if layer.include:
+        return any(meets_train_rule(r, pb2) for r in layer.include)
+    return not any(meets_train_rule(r, pb2) for r in layer.exclude)

@@ -29,6 +29,8 @@ def main():
     Typical use:
       cometctl build                       # fetch pinned Caffe, patch, build, pycaffe
       cometctl prepare-dogs --synthetic    # or --archive images.tar --lists lists.tar
+      cometctl prepare-imagenet --train ILSVRC2012_img_train.tar --val ILSVRC2012_img_val.tar --devkit DEVKIT
+      cometctl prepare-images DIR          # one folder per class
       cometctl train --solver models/bvlc_reference_caffenet/solver.prototxt
     """
 
@@ -113,7 +115,7 @@ def patches_export(src):
     console.print(f"wrote {len(names)} patches and caffe/patches/series")
 
 
-# ---- researcher workflow: prepare-dogs, train, report (logic in dogs.py, train.py, report.py) ----------
+# ---- researcher workflow: prepare-*, train, report (logic in dogs.py, imagenet.py, folders.py, train.py, report.py)
 @main.command("prepare-dogs")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: data/dogs, or data/synthetic with --synthetic].")
@@ -147,6 +149,60 @@ def prepare_dogs(data_dir, archive, lists, size, jobs, synthetic, seed, val_frac
         seed=seed, val_fraction=val_fraction, url=url)
 
 
+@main.command("prepare-imagenet")
+@click.option("--train", "train", required=True, type=click.Path(),
+              help="ILSVRC2012_img_train.tar (a tar of 1,000 nXXXXXXXX.tar, read in place) or its unpacked "
+                   "folder (one folder per WordNet ID).")
+@click.option("--val", "val", required=True, type=click.Path(),
+              help="ILSVRC2012_img_val.tar (flat ILSVRC2012_val_*.JPEG, read in place) or its folder.")
+@click.option("--devkit", type=click.Path(), default=None,
+              help="ILSVRC2012_devkit_t12.tar.gz (or unpacked): val labels from its "
+                   "data/ILSVRC2012_validation_ground_truth.txt and data/meta.mat.")
+@click.option("--val-labels", type=click.Path(dir_okay=False), default=None,
+              help="Instead of --devkit: Caffe's val.txt ('ILSVRC2012_val_00000001.JPEG 65', labels in "
+                   "sorted-WNID order).")
+@click.option("--synsets", type=click.Path(dir_okay=False), default=None,
+              help="With --val-labels: synsets.txt or synset_words.txt, the WNID of each val.txt label "
+                   "(and words for synset_words.txt).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Output folder [default: data/imagenet].")
+@click.option("--size", type=int, default=256, show_default=True,
+              help="Images are resized to SIZE x SIZE (create_imagenet.sh's RESIZE=true).")
+@click.option("--jobs", "-j", type=int, default=None, help="Decoding processes [default: all cores].")
+@click.option("--seed", type=int, default=1701, show_default=True, help="Seed of the shuffle.")
+def prepare_imagenet(train, val, devkit, val_labels, synsets, data_dir, size, jobs, seed):
+    """Turn ILSVRC-2012 (ImageNet, 1,000 classes) into Caffe's format, reading the archives as
+    published without unpacking them: train/val LMDBs of Datums (BGR, resized, shuffled), the mean
+    image (mean.binaryproto), train.txt/val.txt, synsets.txt and synset_words.txt. Labels are the
+    WordNet IDs in sorted order, as upstream Caffe's synsets.txt, so upstream's models agree. Val
+    labels come from the devkit (--devkit) or Caffe's val.txt (--val-labels). Resumable and
+    idempotent; unreadable images are skipped and listed in skipped.txt."""
+    from .imagenet import prepare_imagenet as run
+
+    run(train, val, data_dir=data_dir, devkit=devkit, val_labels=val_labels, synsets=synsets, size=size,
+        jobs=jobs, seed=seed)
+
+
+@main.command("prepare-images")
+@click.argument("path", type=click.Path())
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Output folder [default: data/<name of PATH>].")
+@click.option("--size", type=int, default=256, show_default=True, help="Images are resized to SIZE x SIZE.")
+@click.option("--jobs", "-j", type=int, default=None, help="Decoding processes [default: all cores].")
+@click.option("--seed", type=int, default=1701, show_default=True, help="Seed of the shuffle and split.")
+@click.option("--val-fraction", type=float, default=0.2, show_default=True,
+              help="Share of each class held out for val when PATH has no train/ and val/ folders.")
+def prepare_images(path, data_dir, size, jobs, seed, val_fraction):
+    """Turn a dataset kept as one folder per class (PATH: a folder, an uncompressed tar or a zip;
+    <class>/<image>, or train/<class>/... and val/<class>/...) into Caffe's format: train/val LMDBs,
+    mean.binaryproto, train.txt/val.txt and synset_words.txt (label i: the i-th class folder in
+    sorted order). Without train/ and val/, a seeded, stratified split. Resumable and idempotent;
+    unreadable images are skipped and listed in skipped.txt."""
+    from .folders import prepare_images as run
+
+    run(path, data_dir=data_dir, size=size, jobs=jobs, seed=seed, val_fraction=val_fraction)
+
+
 @main.command()
 @click.option("--solver", required=True, type=click.Path(dir_okay=False),
               help="Solver prototxt, e.g. models/comet_tiny/solver.prototxt.")
@@ -177,11 +233,121 @@ def train(solver, gpu, cpu, snapshot, iters, run_dir):
               help="Another run folder: its curves go on the same axes.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: RUN_DIR/report].")
-def report(run_dir, compare, out):
+@click.option("--plan", "plan_json", type=click.Path(dir_okay=False), default=None,
+              help="A `cometctl plan --json` file: draw its predicted peak against the measured ones "
+                   "(plan.png in --out, else beside the file); without RUN_DIR only this.")
+def report(run_dir, compare, out, plan_json):
     """Parse a run's caffe.log (RUN_DIR, default: the latest run in runs/) into CSV (train.csv and
     test.csv with parse_log.py's columns, comet.csv) and draw PNG plots: loss and accuracy against
     iteration and, when the log has COMET lines, compression ratio, error bound, memory and time per
     layer. --compare puts a second run on the same axes."""
-    from .report import report as run
+    from pathlib import Path
 
+    from .report import plan_plot, report as run
+
+    if plan_json:
+        plan_plot(plan_json, Path(out) / "plan.png" if out else None)
+        if not run_dir:
+            return
     run(run_dir, compare=compare, out=out)
+
+
+def _batches(ctx, param, value):
+    """--measure 8,16,32 -> (8, 16, 32)."""
+    out = []
+    for v in value if isinstance(value, tuple) else (value,):
+        for part in str(v).replace(" ", ",").split(","):
+            if not part:
+                continue
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise click.BadParameter(f"{v!r}: batch sizes are whole numbers, e.g. 64 or 8,16,32") from None
+    return tuple(out)
+
+
+def _checks(ctx, param, value):
+    """--batch 256 (COMET off and on), --batch 1100:on, --batch 64,256 -> ((256, ('off', 'on')), ...)."""
+    out = []
+    for v in value:
+        for part in str(v).replace(" ", ",").split(","):
+            if not part:
+                continue
+            num, _, mode = part.partition(":")
+            if mode not in ("", "on", "off") or not num.isdigit():
+                raise click.BadParameter(f"{part!r}: write N, N:on or N:off, e.g. 256 or 1100:on")
+            out.append((int(num), (mode,) if mode else ("off", "on")))
+    return tuple(out)
+
+
+@main.command()
+@click.option("--solver", required=True, type=click.Path(dir_okay=False),
+              help="Solver prototxt, e.g. models/bvlc_reference_caffenet/solver.prototxt.")
+@click.option("--cpu", is_flag=True, help="Plan for the CPU [default: as the solver says].")
+@click.option("--gpu", type=int, default=None, metavar="ID",
+              help="Plan for this GPU (figures are the store's device bytes: unmeasured).")
+@click.option("--memory", default=None, metavar="SIZE",
+              help="A budget, e.g. 8GiB, 4096MiB or 500MB: print the largest batch that fits, COMET off and on.")
+@click.option("--batch", "check", multiple=True, callback=_checks, metavar="N[:on|:off]",
+              help="Also run batch N (COMET off and on, or only the one named) and print the prediction "
+                   "against the measurement (repeat, or 64,256).")
+@click.option("--verify", is_flag=True,
+              help="With --memory: also run each mode at its largest batch and print the measured peak.")
+@click.option("--json", "json_out", default=None, metavar="FILE",
+              help="Write the plan as JSON to FILE ('-': stdout; the text then goes to stderr).")
+@click.option("--synthetic-input", is_flag=True,
+              help="Feed DummyData of the data layers' shapes instead of their sources (Gaussian noise, labels 0).")
+@click.option("--input-shape", multiple=True, metavar="TOP=CxHxW",
+              help="Shape of a data top without the batch, when plan cannot read it (repeatable).")
+@click.option("--measure", default=",".join(map(str, (8, 16, 32))), show_default=True, callback=_batches,
+              metavar="B1,B2,...", help="Batch sizes to measure and fit (two or more, small).")
+@click.option("--iters", type=int, default=2, show_default=True, help="Training iterations per measured run.")
+@click.option("--keep", type=click.Path(file_okay=False), default=None,
+              help="Keep the generated nets, solvers and logs in this folder.")
+def plan(solver, cpu, gpu, memory, check, verify, json_out, synthetic_input, input_shape, measure, iters, keep):
+    """Will this net fit, and how large a batch can it train in this much memory?
+
+    Runs a few real training iterations of the solver's TRAIN net at small batch sizes (--measure),
+    COMET off and on, each in its own `caffe train` process, and fits every memory figure as
+    fixed + per sample x batch from the measured peaks (peak RSS on the CPU; on a GPU the store's
+    device bytes, printed as unmeasured). Prints the store's plan per blob (bytes dense, action, bytes
+    stored, error bound), the parts of the peak (weights, weight gradients, solver history,
+    activations and COMET's copies, mapped files, runtime), the predicted peak at the solver's batch
+    size COMET off and on and, with --memory, the largest batch that fits each way and the factor
+    between them. A data source that is not there stops it with a hint to use --synthetic-input; a
+    net that does not run reports caffe's own error line; a budget below the fixed part says so.
+
+    \b
+    Example (CaffeNet on 2 CPU cores: about 35 s):
+      cometctl plan --solver models/bvlc_reference_caffenet/solver.prototxt --cpu \\
+          --synthetic-input --memory 4GiB --json plan.json
+      cometctl report --plan plan.json      # plan.png: predicted against measured
+    """
+    from .plan import budget_problem, make_plan, render, write_json
+    from .progress import console, counter
+
+    total = 2 * len(set(measure)) + sum(len(modes) for _, modes in check) + (2 if verify else 0)
+    with counter("measuring", total) as advance:
+        started = []
+
+        def progress(text):
+            if started:
+                advance(1)
+            started.append(text)
+            advance(0, description=f"measuring: {text}")
+
+        result = make_plan(solver, cpu=cpu, gpu=gpu, memory=memory, check=check, synthetic=synthetic_input,
+                           input_shapes=input_shape, measure_batches=measure, iters=iters, keep=keep,
+                           progress=progress, verify=verify)
+        advance(1, description="measured")
+    lines = render(result)
+    if json_out:
+        write_json(result, json_out)
+    if json_out == "-":
+        for line in lines:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    else:
+        click.echo("\n".join(lines))
+    problem = budget_problem(result)
+    if problem:
+        raise CometError(problem)

@@ -256,3 +256,48 @@ def summary(run: _Run) -> list[str]:
                          if k not in ("layer", "NumIters", "Seconds") and isinstance(v, (int, float))]
             lines.append(f"  {layer}: {', '.join(items)}")
     return lines
+
+
+def plan_plot(plan_json, out_png=None) -> Path:
+    """`cometctl plan --json` drawn: the predicted peak against the batch size, COMET off and on, with
+    the peaks measured for the fit (circles) and by --batch checks (crosses), and the --memory budget."""
+    import json
+
+    from .plan import predict
+
+    path = Path(plan_json)
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CometError(f"{path}: not a plan written by `cometctl plan --json` ({e})") from None
+    if not isinstance(plan, dict) or not str(plan.get("schema", "")).startswith("cometctl-plan/"):
+        raise CometError(f"{path}: not a plan written by `cometctl plan --json` (no cometctl-plan schema)")
+    gib = 2**30
+    batches = [r["batch"] for r in plan["runs"]] + [c["batch"] for c in plan.get("checks", [])]
+    budget = plan.get("budget") or {}
+    top = max(batches + [plan["solver_batch"]] +
+              [b for b in (budget.get("largest_batch_off"), budget.get("largest_batch_on")) if b])
+    xs = [1 + (top * 1.1 - 1) * i / 100 for i in range(101)]
+    fig, ax = _figure(f"predicted peak ({'measured RSS' if plan.get('measured') else 'device, unmeasured'})",
+                      "GiB")
+    ax.set_xlabel("batch size")
+    for mode, color in (("off", "tab:red"), ("on", "tab:blue")):
+        ax.plot(xs, [predict(plan["fit"][mode], x, plan.get("file_cap_bytes")) / gib for x in xs], color=color,
+                label=f"COMET {mode}: predicted")
+        runs = [r for r in plan["runs"] if r["comet"] == mode]
+        ax.plot([r["batch"] for r in runs], [r["peak"] / gib for r in runs], "o", color=color,
+                label=f"COMET {mode}: measured (fit)")
+        checks = [c for c in plan.get("checks", []) if c["comet"] == mode]
+        if checks:
+            ax.plot([c["batch"] for c in checks], [c["measured_bytes"] / gib for c in checks], "x", color=color,
+                    markersize=10, mew=2, label=f"COMET {mode}: measured (--batch)")
+    if budget:
+        ax.axhline(budget["bytes"] / gib, color="gray", ls="--", label=f"budget {budget['text']}")
+    ax.axvline(plan["solver_batch"], color="gray", ls=":", label=f"solver's batch {plan['solver_batch']}")
+    ax.set_ylim(bottom=0)
+    out = Path(out_png) if out_png else path.with_suffix(".png")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    _save(fig, out, written)
+    console.print(f"plan plot: {out}")
+    return out

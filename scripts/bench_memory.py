@@ -12,7 +12,8 @@ Its input is either
       training), with `prefetch: 1` so that the input batches in memory are the same as with DummyData;
   --data noise: DummyData, Gaussian noise (std 50), the worst case for compression.
 TEST-phase layers and Accuracy are dropped; the net is otherwise unchanged. Each run is its own process, so its peak resident set size
-(ru_maxrss from wait4) is its own. Reported per run: peak RSS, the store's tracked peak and activation
+(ru_maxrss from wait4) is its own (started through cometctl.plan.run_caffe's small launcher, so the
+benchmark's own memory does not count). Reported per run: peak RSS, the store's tracked peak and activation
 storage (COMET runs), seconds per iteration after warm-up (wall clock, median), and the CPU seconds
 (user + system) of the whole run, which another tenant's load on a shared machine disturbs less.
 
@@ -37,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cometctl import paths  # noqa: E402
+from cometctl import paths, plan  # noqa: E402
 
 COMET_BLOCK = """comet {
   eb_mode: ADAPTIVE
@@ -110,17 +111,11 @@ def run(caffe: Path, workdir: Path, name: str, net_text: str, comet: str | None,
         f'display: 1\nmax_iter: {iters}\nsnapshot: 0\nsnapshot_after_train: false\nsnapshot_prefix: "{workdir / name}"\n'
         f'solver_mode: {"GPU" if gpu is not None else "CPU"}\nrandom_seed: 1\n'
         + (comet or ""))
-    cmd = [str(caffe), "train", "-solver", str(solver)]
-    if gpu is not None:
-        cmd += ["-gpu", str(gpu)]
-    log = workdir / f"{name}.log"
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=workdir)
-        _, status, usage = os.wait4(proc.pid, 0)
-    text = log.read_text(errors="replace")
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{name} failed; log: {log}\n" + "\n".join(text.splitlines()[-15:]))
-    return text, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
+    child = plan.run_caffe(caffe, solver, workdir / f"{name}.log", gpu=gpu, cwd=workdir)
+    text = child.log.read_text(errors="replace")
+    if child.rc != 0:
+        raise SystemExit(f"{name} failed; log: {child.log}\n" + "\n".join(text.splitlines()[-15:]))
+    return text, child.peak_rss, child.cpu_seconds
 
 
 def iteration_times(text: str) -> list[float]:
@@ -132,25 +127,8 @@ def iteration_times(text: str) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-UNITS = {"KB": 2**10, "MB": 2**20, "GB": 2**30}
-
-
-def to_bytes(num: str, unit: str) -> float:
-    return float(num) * UNITS[unit]
-
-
-def comet_figures(text: str) -> dict:
-    lines = re.findall(r"COMET total: activations ([\d.]+) (\wB) -> ([\d.]+) (\wB) \(([\d.]+)x\)"
-                       r"(?:, layer buffers ([\d.]+) (\wB) -> ([\d.]+) (\wB))?, "
-                       r"peak memory ([\d.]+) (\wB)", text)
-    if not lines:
-        return {}
-    a, au, b, bu, ratio, la, lau, lb, lbu, p, pu = lines[-1]
-    out = {"dense": to_bytes(a, au), "stored": to_bytes(b, bu), "ratio": float(ratio),
-           "tracked_peak": to_bytes(p, pu)}
-    if la:
-        out["buffers_dense"], out["buffers_stored"] = to_bytes(la, lau), to_bytes(lb, lbu)
-    return out
+# the store's `COMET total:` line in bytes (dense, stored, ratio, tracked_peak, buffers_dense, buffers_stored)
+comet_figures = plan.total_line_figures
 
 
 def mb(x: float) -> str:

@@ -82,6 +82,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cometctl.caffeproto import DATA_LAYER_TYPES, in_train_phase  # noqa: E402
+
 SEED = 1701
 DEFAULT_ITERS = 10
 DEFAULT_COMET = "eb_mode: ADAPTIVE error_bound: 1e-3 adaptive_target: 0.05 update_interval: 1"
@@ -89,7 +91,7 @@ LOSS_TOL = 0.01      # relative difference of the mean total loss over the last 
 LOSS_ABS = 1e-3      # ... plus this much absolute
 LAST_STEPS = 3
 GRAD_FACTOR = 1.0    # first-step weight-gradient error allowed, as a fraction of adaptive_target
-DATA_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData", "MemoryData", "Input")
+DATA_TYPES = DATA_LAYER_TYPES  # replaced by DummyData
 FREED_READ = re.compile(r"COMET.*(reads as zeros|freed after its last use|held only as the signs)")
 TAIL_LINES = 12
 
@@ -174,21 +176,7 @@ def source_path(net: ZooNet) -> Path:
     return paths.pycaffe_dir(None).parent / rel  # the patched upstream tree beside pycaffe
 
 
-def _meets_train(rule, pb2) -> bool:
-    """Caffe's StateMeetsRule for the state {phase: TRAIN, level: 0, no stages}."""
-    if rule.HasField("phase") and rule.phase != pb2.TRAIN:
-        return False
-    if rule.HasField("min_level") and rule.min_level > 0:
-        return False
-    if rule.HasField("max_level") and rule.max_level < 0:
-        return False
-    return not rule.stage  # a rule that needs a stage is not met (not_stage: none of ours)
-
-
-def in_train(layer, pb2) -> bool:
-    if layer.include:
-        return any(_meets_train(r, pb2) for r in layer.include)
-    return not any(_meets_train(r, pb2) for r in layer.exclude)
+in_train = in_train_phase  # the TRAIN net's layers (cometctl.caffeproto)
 
 
 def dummy_layer(name: str, tops, net: ZooNet, pb2):

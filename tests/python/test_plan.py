@@ -1,0 +1,311 @@
+"""`cometctl plan`: the fit predicts a measured run, the JSON document, and bad input as one clear line.
+
+The measured tests run comet_tiny (DummyData input, so no dataset is needed) at batches 32 and 64 and
+check batch 128 against a run of its own; every caffe run of this net takes about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import WF_NEEDS_BUILD, WF_REPO as REPO
+
+from cometctl import plan as P
+from cometctl.errors import CometError
+
+TINY_SOLVER = REPO / "models" / "comet_tiny" / "solver.prototxt"
+TINY_NET = REPO / "models" / "comet_tiny" / "train_val.prototxt"
+
+
+def _cometctl(*args, cwd=None, timeout=300):
+    exe = str(Path(sys.executable).parent / "cometctl")
+    return subprocess.run([exe, *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=timeout)
+
+
+def _solver_with_net(tmp_path: Path, net_text: str, name="net") -> Path:
+    net = tmp_path / f"{name}.prototxt"
+    net.write_text(net_text)
+    solver = tmp_path / f"{name}_solver.prototxt"
+    solver.write_text(TINY_SOLVER.read_text().replace('net: "models/comet_tiny/train_val.prototxt"', f'net: "{net}"'))
+    return solver
+
+
+# ------------------------------------------------------------------------------- without caffe
+
+def test_sizes_read_as_people_write_them():
+    assert P.parse_size("8GiB") == P.parse_size("8G") == P.parse_size("8 gib") == 8 * 2**30
+    assert P.parse_size("4096MiB") == 4 * 2**30
+    assert P.parse_size("500MB") == 500 * 10**6 and P.parse_size("2kB") == 2000
+    assert P.parse_size("1.5GiB") == int(1.5 * 2**30) and P.parse_size("123") == 123
+    for bad in ("lots", "", "8 gigs", "-1G", "GiB"):
+        with pytest.raises(CometError, match="not a size"):
+            P.parse_size(bad)
+
+
+def test_fit_and_the_largest_batch():
+    line = P.fit([8, 16, 32], [100 + 3 * 8, 100 + 3 * 16, 100 + 3 * 32])
+    assert math.isclose(line.fixed, 100) and math.isclose(line.per_sample, 3)
+    assert line.largest_batch(100 + 3 * 50) == 50 and line.largest_batch(100 + 3 * 50 - 0.1) == 49
+    assert line.largest_batch(99) == 0  # not even batch 1
+    assert P.Line(10, 0).largest_batch(20) is None  # no growth: no limit from the batch
+    # least squares through noisy points, not through the first and the last
+    noisy = P.fit([1, 2, 3], [1, 3, 2])
+    assert math.isclose(noisy.per_sample, 0.5) and math.isclose(noisy.fixed, 1.0)
+
+
+def test_the_data_source_pages_stop_growing_at_the_database_size():
+    fits = {"peak": {"fixed": 100.0, "per_sample": 10.0}, "mapped": {"fixed": 40.0, "per_sample": 4.0}}
+    assert P.predict(fits, 5) == 150  # no cap: the line
+    assert P.predict(fits, 5, file_cap=100) == 150  # 20 of the 100 read: under the cap
+    # the rest (60 + 6 x 100) plus the pages: 40 + 400 read, capped at 40 + 100
+    assert P.predict(fits, 100, file_cap=100) == (60 + 600) + (40 + 100)
+    # the largest batch under the cap is found on the capped curve, and it is the last one that fits
+    n = P.largest_batch(fits, 2000, file_cap=100)
+    assert P.predict(fits, n, 100) <= 2000 < P.predict(fits, n + 1, 100)
+    assert n > P.Line(**fits["peak"]).largest_batch(2000)
+    assert P.largest_batch(fits, 50, file_cap=100) == 0
+
+
+def test_input_shapes_option():
+    assert P.parse_input_shapes(["data=3x227x227", "pair_data=2,28,28"]) == {"data": (3, 227, 227),
+                                                                           "pair_data": (2, 28, 28)}
+    for bad in ("data", "data=", "=3x4", "data=3xbig", "data=0x2"):
+        with pytest.raises(CometError, match="TOP=CxHxW"):
+            P.parse_input_shapes([bad])
+
+
+@WF_NEEDS_BUILD
+def test_net_at_a_batch_size(wf_pb2, tmp_path):
+    from cometctl.caffeproto import read_text_proto
+
+    net = read_text_proto(TINY_NET, wf_pb2.NetParameter())
+    assert P.net_batch(net, wf_pb2) == 32
+    real = P.net_at_batch(net, wf_pb2, 12, synthetic=False)
+    data = [layer for layer in real.layer if layer.type == "Data"]
+    assert len(data) == 1 and data[0].data_param.batch_size == 12  # the TRAIN data layer only
+    assert not any(layer.include for layer in real.layer)
+    notes = []
+    dummy = P.net_at_batch(net, wf_pb2, 12, synthetic=True, notes=notes)
+    d = [layer for layer in dummy.layer if layer.type == "DummyData"]
+    assert len(d) == 1 and not any(layer.type == "Data" for layer in dummy.layer)
+    shapes = [list(s.dim) for s in d[0].dummy_data_param.shape]
+    if (REPO / "data" / "synthetic" / "train_lmdb").exists():
+        assert shapes == [[12, 3, 56, 56], [12]]  # read from the LMDB's first Datum, then cropped
+    else:
+        assert shapes == [[12, 3, 56, 56], [12]] and notes  # from the crop size, 3 channels assumed
+    assert d[0].dummy_data_param.data_filler[1].type == "constant"  # labels 0: valid for any loss
+    # no crop and no source: the shape has to be given
+    text = TINY_NET.read_text().replace("crop_size: 56", "").replace("data/synthetic/train_lmdb", str(tmp_path / "no"))
+    nocrop = wf_pb2.NetParameter()
+    from google.protobuf import text_format
+
+    text_format.Merge(text, nocrop)
+    with pytest.raises(CometError, match="--input-shape data=CxHxW"):
+        P.net_at_batch(nocrop, wf_pb2, 4, synthetic=True)
+    given = P.net_at_batch(nocrop, wf_pb2, 4, synthetic=True, shapes={"data": (1, 20, 20)})
+    assert [list(s.dim) for s in given.layer[0].dummy_data_param.shape] == [[4, 1, 20, 20], [4]]
+
+
+# ---------------------------------------------------------------------------------- with caffe
+
+@pytest.fixture(scope="module")
+def tiny_plan(tmp_path_factory):
+    """One plan of comet_tiny: measured at 32 and 64, checked at 128, with a budget; its JSON."""
+    from conftest import WF_BUILT
+
+    if not WF_BUILT:
+        pytest.skip("the Caffe build is absent: run `cometctl build` (CI always builds it first)")
+    out = tmp_path_factory.mktemp("plan") / "plan.json"
+    r = _cometctl("plan", "--solver", str(TINY_SOLVER), "--cpu", "--synthetic-input", "--measure", "32,64",
+                  "--batch", "128", "--memory", "256MiB", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(out.read_text()), r.stdout
+
+
+def test_the_fit_predicts_a_measured_run(tiny_plan):
+    plan, text = tiny_plan
+    checks = {c["comet"]: c for c in plan["checks"]}
+    assert set(checks) == {"off", "on"} and all(c["batch"] == 128 for c in checks.values())
+    fit_runs = {(r["batch"], r["comet"]): r["peak"] for r in plan["runs"]}
+    assert set(fit_runs) == {(32, "off"), (32, "on"), (64, "off"), (64, "on")}  # the check is not in the fit
+    # measured on the 2-core development machine: off within 0.5%, on +2.6% to +3.3% in three runs (for a
+    # net this small, the untracked part of a COMET run grows a little slower than its line)
+    tolerance = {"off": 0.03, "on": 0.06}
+    for mode, c in checks.items():
+        measured, predicted = c["measured_bytes"], c["predicted_bytes"]
+        # the check is a run of its own: its peak is RSS measured at batch 128, above the fit's runs
+        assert c["run"]["batch"] == 128 and measured == c["run"]["peak"] > fit_runs[(64, mode)]
+        assert abs(predicted - measured) / measured < tolerance[mode], (mode, predicted, measured)
+        # and the batch matters: a prediction that ignored it (the peak at 32) would miss by far more
+        assert (measured - fit_runs[(32, mode)]) / measured > 3 * tolerance[mode], mode
+    # COMET stores the activations smaller: it grows less per sample and fits a larger batch
+    assert plan["fit"]["on"]["peak"]["per_sample"] < plan["fit"]["off"]["peak"]["per_sample"]
+    b = plan["budget"]
+    assert b["bytes"] == 256 * 2**20 and b["largest_batch_on"] > b["largest_batch_off"] > 0
+    for mode in ("off", "on"):
+        n = b[f"largest_batch_{mode}"]
+        assert P.predict(plan["fit"][mode], n) <= b["bytes"] < P.predict(plan["fit"][mode], n + 1)
+    assert "largest batch in 256MiB" in text and "check at batch 128, COMET on" in text
+
+
+def test_plan_json_schema(tiny_plan, tmp_path):
+    plan, text = tiny_plan
+    assert plan["schema"] == "cometctl-plan/1" and plan["device"] == "CPU" and plan["measured"] is True
+    assert plan["solver_batch"] == 32 and plan["measure_batches"] == [32, 64] and plan["iters"] == 2
+    for mode in ("off", "on"):
+        f = plan["fit"][mode]
+        for key in ("peak", *P.PARTS, *P.STEP_FIGURES):
+            assert set(f[key]) == {"fixed", "per_sample"}, key
+        # the parts of the peak add up to it, per run and so in the fit
+        for r in (r for r in plan["runs"] if r["comet"] == mode):
+            assert math.isclose(sum(r["parts"].values()), r["peak"], rel_tol=1e-9)
+        assert math.isclose(sum(f[p]["per_sample"] for p in P.PARTS), f["peak"]["per_sample"], rel_tol=1e-6)
+        assert f["max_residual"] < 0.05
+    pred = plan["predicted"]
+    assert pred["batch"] == 32 and pred["on_bytes"] < pred["off_bytes"]
+    layers = plan["layers"]
+    assert layers and all(set(row) == {"blob", "layer", "action", "dense_bytes", "stored_bytes", "error_bound"}
+                          for row in layers)
+    by_blob = {row["blob"]: row for row in layers}
+    # comet_tiny's plan: conv1 -> ReLU mask (1 bit of 32), pool1 lossy with a bound, fc5 freed
+    assert by_blob["conv1"]["action"] == "mask"
+    assert math.isclose(by_blob["conv1"]["dense_bytes"] / by_blob["conv1"]["stored_bytes"], 32, rel_tol=0.01)
+    assert math.isclose(by_blob["conv1"]["dense_bytes"], 32 * 16 * 56 * 56 * 4, rel_tol=0.001)
+    assert by_blob["pool1"]["action"] == "lossy" and by_blob["pool1"]["error_bound"] > 0
+    assert by_blob["fc5"]["action"] == "release" and by_blob["fc5"]["stored_bytes"] == 0
+    assert "pool1 argmax" in by_blob and by_blob["pool1 argmax"]["action"] == "argmax"
+    assert "per blob at batch 32" in text and "sign mask" in text
+    # `cometctl report --plan` draws it
+    src = tmp_path / "plan.json"
+    src.write_text(json.dumps(plan))
+    r = _cometctl("report", "--plan", str(src), "--out", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stderr
+    png = tmp_path / "rep" / "plan.png"
+    assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
+
+
+@WF_NEEDS_BUILD
+def test_a_budget_below_the_fixed_part_says_so(tmp_path):
+    r = _cometctl("plan", "--solver", str(TINY_SOLVER), "--cpu", "--synthetic-input", "--measure", "8,16",
+                  "--iters", "1", "--memory", "20MiB")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    err = r.stderr.strip().splitlines()[-1]
+    assert "--memory 20MiB (20.0 MiB) is smaller than" in err and "the weights alone do not fit" in err
+    assert "the fixed part is" in err and "MiB with COMET on" in err and "batch 1 needs" in err
+
+
+@WF_NEEDS_BUILD
+def test_a_missing_data_source_suggests_synthetic_input(tmp_path):
+    solver = _solver_with_net(tmp_path, TINY_NET.read_text().replace("data/synthetic/train_lmdb",
+                                                                     str(tmp_path / "nowhere_lmdb")))
+    r = _cometctl("plan", "--solver", str(solver), "--cpu")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "nowhere_lmdb" in r.stderr and "--synthetic-input" in r.stderr
+    assert not list(tmp_path.glob("*.log"))  # nothing ran
+
+
+@WF_NEEDS_BUILD
+def test_a_net_that_does_not_run_reports_caffes_error(tmp_path):
+    text = TINY_NET.read_text().replace('type: "Pooling"', 'type: "NoSuchPooling"', 1)
+    solver = _solver_with_net(tmp_path, text)
+    r = _cometctl("plan", "--solver", str(solver), "--cpu", "--synthetic-input", "--measure", "4,8",
+                  "--keep", str(tmp_path / "work"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    err = r.stderr.strip().splitlines()[-1]
+    assert "at batch 4 with COMET off" in err and "Unknown layer type: NoSuchPooling" in err
+    assert (tmp_path / "work" / "b4_off.log").exists()  # the log it names is there
+
+
+@WF_NEEDS_BUILD
+def test_bad_options_are_one_line(tmp_path):
+    for args, says in ((["--memory", "lots"], "not a size"), (["--measure", "16"], "at least two"),
+                       (["--verify"], "give --memory too"), (["--cpu", "--gpu", "0"], "contradict")):
+        r = _cometctl("plan", "--solver", str(TINY_SOLVER), "--synthetic-input", *args)
+        assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_plan_explains_itself():
+    r = _cometctl("plan", "--help")
+    assert r.returncode == 0
+    for opt in ("--memory", "--batch", "--json", "--synthetic-input", "--gpu", "--cpu", "--measure", "--verify"):
+        assert opt in r.stdout, opt
+
+
+@WF_NEEDS_BUILD
+def test_every_zoo_net_gets_its_inputs_at_any_batch(wf_pb2):
+    """The nets of scripts/zoo_check (upstream's models and examples, ours): plan replaces their data
+    layers by DummyData with the same tops at the batch asked for; where neither a source nor a crop size
+    says the image shape, it asks for --input-shape, and with it the net builds."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import zoo_check
+    from cometctl.caffeproto import read_text_proto
+
+    asked = []
+    for net in zoo_check.NETS:
+        param = read_text_proto(zoo_check.source_path(net), wf_pb2.NetParameter())
+        try:
+            built = P.net_at_batch(param, wf_pb2, 3, synthetic=True)
+        except CometError as e:
+            assert "--input-shape" in str(e), (net.name, e)
+            asked.append(net.name)
+            shapes = {top: spec[1] for top, spec in net.tops.items() if spec[0] != "label"}
+            built = P.net_at_batch(param, wf_pb2, 3, synthetic=True, shapes=shapes)
+        made = {}
+        for layer in built.layer:
+            if layer.type == "DummyData":
+                made.update({t: list(s.dim) for t, s in zip(layer.top, layer.dummy_data_param.shape)})
+        assert set(made) == set(net.tops), net.name
+        for top, spec in net.tops.items():
+            want = [3] if spec[0] == "label" else [3, *spec[1]]
+            if net.name != "resnet18_dogs":  # the zoo crops ResNet-18 to 112 to be quick; plan keeps 224
+                assert made[top] == want, (net.name, top, made[top])
+        assert not any(layer.type in P.SOURCE_PARAM for layer in built.layer), net.name
+    # the nets without a crop size (CIFAR-10, MNIST) are the ones that need the shape
+    assert set(asked) == {"cifar10_quick", "cifar10_full", "lenet", "mnist_autoencoder", "siamese"}
+
+
+FAKE_GPU_CAFFE = r'''
+import re, sys
+args = sys.argv[1:]
+assert args[:2] == ["train", "-solver"] and args[3:] == ["-gpu", "0"], args
+solver = open(args[2]).read()
+assert "solver_mode: GPU" in solver and "device_id: 0" in solver, solver
+stats = re.search(r'stats_file: "([^"]+)"', solver)[1]
+net = open(re.search(r'net: "([^"]+)"', solver)[1]).read()
+batch = int(re.search(r"dim: (\d+)", net)[1])
+on = "compress_type" not in solver  # the observing store of COMET off names compress_type "None"
+mb = 2**20
+weights, blobs = 10 * mb, (3 if on else 7) * mb * batch
+with open(stats, "w") as f:
+    f.write("iter,layer,blob,kind,ratio,eb,ms,dense_bytes,stored_bytes,peak_bytes,weights_bytes,"
+            "activations_bytes,gradients_bytes,compressed_bytes,scratch_bytes\n")
+    f.write(f"0,total,,total,1,,,0,0,{2 * weights + blobs},{weights},{blobs},{weights},0,0\n")
+print("I1201 10:00:00.000000 1 solver.cpp:1] Iteration 0, loss = 1")
+'''
+
+
+def test_the_gpu_path_fits_the_stores_device_bytes_and_says_unmeasured(tmp_path, wf_pb2):
+    """No GPU here: a stand-in caffe checks it is asked for GPU 0 and writes the store's figures; the plan
+    fits them (weights, their gradients, the solver history and the blobs) and says they are unmeasured."""
+    fake = tmp_path / "caffe"
+    fake.write_text(f"#!{sys.executable}\n" + FAKE_GPU_CAFFE)
+    fake.chmod(0o755)
+    plan = P.make_plan(TINY_SOLVER, gpu=0, synthetic=True, measure_batches=(4, 8), check=[(16, ("on",))],
+                       memory="1GiB", caffe_bin=fake)
+    mb = 2**20
+    assert plan["device"] == "GPU 0" and plan["measured"] is False and "unmeasured" in plan["figure"]
+    for mode, per in (("off", 7), ("on", 3)):
+        f = plan["fit"][mode]["peak"]
+        assert math.isclose(f["fixed"], 3 * 10 * mb) and math.isclose(f["per_sample"], per * mb), (mode, f)
+    (check,) = plan["checks"]
+    assert check["comet"] == "on" and math.isclose(check["measured_bytes"], 30 * mb + 3 * mb * 16)
+    assert plan["budget"]["largest_batch_on"] == (1024 - 30) // 3
+    text = "\n".join(P.render(plan))
+    assert "GPU 0" in text and "unmeasured" in text and "runtime and untracked" not in text
