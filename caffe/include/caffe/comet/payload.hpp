@@ -91,6 +91,8 @@ std::string CometReadContext();
 void CometSetFatalThrows(bool on);
 // LOG(FATAL) << message, or the exception above.
 void CometFatal(const std::string& message);
+// A number as the messages print it (operator<< of a double).
+std::string CometNum(double v);
 
 // Frees mem's dense buffers and marks them released (see CometPayload::RELEASED); `what` says
 // which memory it is, for the error ("data of blob 'fc8'").

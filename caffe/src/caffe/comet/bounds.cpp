@@ -4,7 +4,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,14 +14,6 @@
 #include "caffe/util/io.hpp"
 
 namespace caffe {
-
-namespace {
-std::string Num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-}  // namespace
 
 template <typename Dtype>
 void CometBounds<Dtype>::Reset(const CometPlan& plan) {
@@ -330,13 +321,13 @@ void CometBounds<Dtype>::Load(const std::string& solverstate_filename, int iter)
   if (!state.has_iter() && state.bound_size() == 0)
     CometFatal("COMET: " + filename + " is empty; delete it to start the error bounds over");
   if (state.iter() != iter)
-    CometFatal("COMET: " + filename + " belongs to iteration " + Num(state.iter()) +
-               ", the solver state to iteration " + Num(iter));
+    CometFatal("COMET: " + filename + " belongs to iteration " + CometNum(state.iter()) +
+               ", the solver state to iteration " + CometNum(iter));
   int restored = 0;
   for (int i = 0; i < state.bound_size(); ++i) {
     const float eb = state.bound(i).error_bound();
     if (!(eb > 0) || !std::isfinite(eb))
-      CometFatal("COMET: bad error bound " + Num(eb) + " for layer " + state.bound(i).layer() +
+      CometFatal("COMET: bad error bound " + CometNum(eb) + " for layer " + state.bound(i).layer() +
                  " in " + filename);
     bool known = false;
     for (int b = 0; b < bounds_.size(); ++b) {

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <list>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -524,6 +525,12 @@ void CometSetFatalThrows(bool on) { fatal_throws = on; }
 void CometFatal(const std::string& message) {
   if (fatal_throws) throw std::runtime_error(message);
   LOG(FATAL) << message;
+}
+
+std::string CometNum(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
 }
 
 void CometRestore(SyncedMemory* mem) {

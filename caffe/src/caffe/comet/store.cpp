@@ -63,12 +63,6 @@ shared_ptr<CometStore<Dtype> > CometStore<Dtype>::Attach(Solver<Dtype>* solver) 
 
 namespace {
 
-std::string Num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
 // Settings that would do nothing or fail late are refused before training starts, each with
 // the field's name.
 template <typename Dtype>
@@ -79,17 +73,17 @@ void CheckSettings(const CometParameter& p, const Net<Dtype>& net) {
   for (int i = 0; i < 4; ++i) {
     if (!(positive[i].value > 0) || !std::isfinite(positive[i].value))
       CometFatal(std::string("comet.") + positive[i].field + " must be a finite number > 0 (got " +
-                 Num(positive[i].value) + ")");
+                 CometNum(positive[i].value) + ")");
   }
   if (p.min_error_bound() > p.max_error_bound())
-    CometFatal("comet.min_error_bound (" + Num(p.min_error_bound()) + ") exceeds "
-               "comet.max_error_bound (" + Num(p.max_error_bound()) + ")");
+    CometFatal("comet.min_error_bound (" + CometNum(p.min_error_bound()) + ") exceeds "
+               "comet.max_error_bound (" + CometNum(p.max_error_bound()) + ")");
   if (p.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE && p.update_interval() <= 0)
     CometFatal("comet.update_interval must be > 0 with eb_mode ADAPTIVE (got " +
-               Num(p.update_interval()) + "): the bounds would never adapt; use eb_mode FIXED");
+               CometNum(p.update_interval()) + "): the bounds would never adapt; use eb_mode FIXED");
   if (!(p.memory_pool_headroom() >= 0) || !std::isfinite(p.memory_pool_headroom()))
     CometFatal("comet.memory_pool_headroom must be a finite number >= 0 (got " +
-               Num(p.memory_pool_headroom()) + ")");
+               CometNum(p.memory_pool_headroom()) + ")");
   const std::vector<std::string> types = LayerRegistry<Dtype>::LayerTypeList();
   for (int i = 0; i < p.compress_type_size(); ++i) {
     const std::string& t = p.compress_type(i);
@@ -103,7 +97,7 @@ void CheckSettings(const CometParameter& p, const Net<Dtype>& net) {
       const double eb = lp.comet_param().error_bound();
       if (!(eb > 0) || !std::isfinite(eb))
         CometFatal("comet_param.error_bound of layer " + lp.name() + " must be a finite "
-                   "number > 0 (got " + Num(eb) + ")");
+                   "number > 0 (got " + CometNum(eb) + ")");
     }
   }
 }
