@@ -1506,6 +1506,101 @@ TEST_F(CometGPUTest, LossyTrainingStaysCloseAndSavesDeviceMemory) {
   EXPECT_LT(MaxAbsDiff(a.data(), b.data(), a.size()), 1e-3f);
   EXPECT_LT(on->comet()->memory().peak_total, off->comet()->memory().peak_total);
 }
+// A payload made on the device and read on the host (pycaffe's .data in GPU mode): SyncedMemory
+// restores it, within the bound, and drops it.
+TEST_F(CometGPUTest, AHostReadOfADevicePayloadRestoresIt) {
+  Blob<float> blob(2, 3, 8, 8);
+  FillActivations(&blob, 0.5f, 1.f, 5);
+  const std::vector<float> orig(blob.cpu_data(), blob.cpu_data() + blob.count());
+  SyncedMemory* mem = blob.data().get();
+  shared_ptr<CometPayload> p = CometEncodeLossy(blob.gpu_data(), blob.shape(), true, 1e-3, "x");
+  ASSERT_TRUE(p->on_device());
+  ASSERT_TRUE(mem->comet_can_release());
+  mem->comet_release();
+  mem->comet_payload() = p;
+  const float* back = blob.cpu_data();
+  EXPECT_TRUE(mem->comet_payload().get() == NULL);
+  EXPECT_LE(MaxAbsDiff(orig.data(), back, blob.count()), 1e-3);
+}
+
+// Device memory the store released with nothing to restore is an error naming it, on the GPU
+// as on the host; never zeros.
+TEST_F(CometGPUTest, AReleasedDeviceBufferIsAnErrorNotZeros) {
+  Blob<float> blob(2, 3, 8, 8);
+  caffe_gpu_set(blob.count(), 1.f, blob.mutable_gpu_data());
+  CometMarkReleased(blob.data().get(), "data of blob 'pool9'");
+  std::string what;
+  CometSetFatalThrows(true);
+  try {
+    blob.gpu_data();
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  CometSetFatalThrows(false);
+  EXPECT_NE(what.find("data of blob 'pool9' was freed"), std::string::npos) << what;
+}
+
+// A corrupt device stream: the decoder says so (no values written as if good), and a read
+// through SyncedMemory is an error naming the blob.
+TEST_F(CometGPUTest, ACorruptDevicePayloadIsRefused) {
+  Blob<float> blob(2, 3, 8, 8);
+  FillActivations(&blob, 0.5f, 1.f, 6);
+  shared_ptr<CometPayload> p = CometEncodeLossy(blob.gpu_data(), blob.shape(), true, 1e-3, "conv9");
+  ASSERT_TRUE(p->on_device());
+  uint8_t* byte = static_cast<uint8_t*>(p->data()) + p->bytes() / 2;
+  uint8_t v = 0;
+  CUDA_CHECK(cudaMemcpy(&v, byte, 1, cudaMemcpyDeviceToHost));
+  v ^= 0xff;
+  CUDA_CHECK(cudaMemcpy(byte, &v, 1, cudaMemcpyHostToDevice));
+  Blob<float> out(blob.shape());
+  std::string error;
+  EXPECT_FALSE(CometDecode(*p, out.mutable_gpu_data(), &error));
+  EXPECT_FALSE(error.empty());
+  blob.data()->comet_release();
+  blob.data()->comet_payload() = p;
+  std::string what;
+  CometSetFatalThrows(true);
+  try {
+    blob.gpu_data();
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  CometSetFatalThrows(false);
+  EXPECT_NE(what.find("compressed data of blob 'conv9' is corrupt"), std::string::npos) << what;
+}
+
+// The device pool gives its cached blocks back and retries when cudaMalloc runs out: a device
+// filled up to less than the block asked for, with a larger block cached.
+TEST_F(CometGPUTest, ThePoolGivesItsCacheBackWhenTheDeviceIsFull) {
+  const size_t block = size_t(256) << 20;
+  CometGpuPoolEnable(true);
+  void* a = NULL;
+  CometGpuMalloc(&a, block);
+  CometGpuFree(a, block);
+  ASSERT_GE(CometGpuPoolQuery().cached, block) << "the freed block was not cached";
+  // Take all free memory but half a block, in pieces (one allocation may not get it all).
+  std::vector<void*> hog;
+  size_t free_bytes = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  for (size_t piece = free_bytes; piece >= (size_t(16) << 20) && free_bytes > block / 2;) {
+    void* h = NULL;
+    if (cudaMalloc(&h, std::min(piece, free_bytes - block / 2)) == cudaSuccess) {
+      hog.push_back(h);
+    } else {
+      cudaGetLastError();
+      piece /= 2;
+    }
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  }
+  void* b = NULL;
+  CometGpuMalloc(&b, block + block / 4);  // more than is free: only the cache makes room
+  EXPECT_TRUE(b != NULL);
+  EXPECT_EQ(CometGpuPoolQuery().cached, 0u) << "the cache was not given back";
+  CometGpuFree(b, block + block / 4);
+  for (size_t i = 0; i < hog.size(); ++i) CUDA_CHECK(cudaFree(hog[i]));
+  CometGpuPoolEnable(false);
+}
+
 #endif  // CPU_ONLY
 
 }  // namespace caffe
