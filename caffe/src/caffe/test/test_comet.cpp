@@ -1332,9 +1332,20 @@ TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
   Run(a.get(), 4);
   const float eb_conv2 = a->comet()->bound("conv2");
   const float eb_ip1 = a->comet()->bound("ip1");
-  EXPECT_GT(eb_conv2, 0);
   EXPECT_NE(eb_conv2, 1e-1f) << "the adaptive rule never moved the bound";
   EXPECT_NE(eb_ip1, 1e-1f);
+  // To where the target says: the same net aiming at 4x the error takes larger bounds, by less
+  // than 4x (the error grows at least in proportion to the bound) and more than 4^(1/4).
+  shared_ptr<Solver<float> > loose = MakeSolver(
+      "comet { eb_mode: ADAPTIVE error_bound: 1e-1 update_interval: 2 adaptive_target: 0.04 "
+      "min_error_bound: 1e-6 max_error_bound: 1 }");
+  Run(loose.get(), 4);
+  const char* layers[] = {"conv2", "ip1"};
+  for (int i = 0; i < 2; ++i) {
+    const double ratio = loose->comet()->bound(layers[i]) / a->comet()->bound(layers[i]);
+    EXPECT_GT(ratio, 1.3) << layers[i] << ": " << a->comet()->bound(layers[i]);
+    EXPECT_LT(ratio, 4.5) << layers[i] << ": " << a->comet()->bound(layers[i]);
+  }
   a->Snapshot();
   const std::string state = prefix_ + "_iter_4.solverstate";
   std::ifstream probe((prefix_ + "_iter_4.cometstate").c_str());
