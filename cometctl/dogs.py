@@ -132,15 +132,6 @@ def breed(folder: str) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------- prepare
-def prepare_dogs(*args, **kwargs) -> Prepared:
-    """Prepare the data folder (see the module's docstring); Ctrl-C leaves everything resumable."""
-    try:
-        return _prepare(*args, **kwargs)
-    except KeyboardInterrupt:
-        raise CometError("interrupted; nothing finished was lost: run the same command again to resume",
-                         exit_code=130) from None
-
-
 def read_layout(archive: Path, lists: Path | None, seed: int, val_fraction: float,
                 synthetic: bool = False) -> imagedb.Layout:
     """Stanford Dogs' layout: Images/<wnid>-<breed>/<file> in images.tar (or its unpacked folder); the
@@ -196,10 +187,12 @@ def read_layout(archive: Path, lists: Path | None, seed: int, val_fraction: floa
         classes=classes, words=[" ".join(breed(c)) for c in classes], split=split_mode, identity=[lists_id])
 
 
-def _prepare(data_dir: Path | None = None, archive: Path | None = None, lists: Path | None = None,
-             size: int | None = None, jobs: int | None = None, synthetic: bool = False,
-             seed: int = DEFAULT_SEED, val_fraction: float = 0.2, url: str | None = None,
-             _stop_after: int | None = None) -> Prepared:
+@imagedb.resumable_on_interrupt
+def prepare_dogs(data_dir: Path | None = None, archive: Path | None = None, lists: Path | None = None,
+                 size: int | None = None, jobs: int | None = None, synthetic: bool = False,
+                 seed: int = DEFAULT_SEED, val_fraction: float = 0.2, url: str | None = None,
+                 _stop_after: int | None = None) -> Prepared:
+    """Prepare the data folder (see the module's docstring); Ctrl-C leaves everything resumable."""
     t0 = time.perf_counter()
     data_dir = Path(data_dir) if data_dir else default_data_dir(synthetic)
     size = size or (64 if synthetic else 256)

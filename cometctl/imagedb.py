@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import io
+import functools
 import itertools
 import json
 import multiprocessing
@@ -981,16 +982,25 @@ def write_lines(path: Path, lines) -> None:
     os.replace(tmp, path)
 
 
+def resumable_on_interrupt(fn):
+    """Ctrl-C in fn becomes a CometError (exit 130) that says how to resume; fn keeps its signature."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise CometError("interrupted; nothing finished was lost: run the same command again to "
+                             "resume", exit_code=130) from None
+    return wrapper
+
+
+@resumable_on_interrupt
 def prepare(data_dir: Path, layout: Layout, size: int, jobs: int | None, seed: int,
             stop_after: int | None = None, t0: float | None = None) -> Prepared:
     """Turn a layout into the data folder: train_lmdb/, val_lmdb/, mean.binaryproto, train.txt, val.txt,
     synset_words.txt (and the layout's extra listings), skipped.txt, prepare.json. Resumable and
     idempotent (see the module's docstring). Ctrl-C becomes a CometError that says how to resume."""
-    try:
-        return _prepare(Path(data_dir), layout, size, jobs, seed, stop_after, t0)
-    except KeyboardInterrupt:
-        raise CometError("interrupted; nothing finished was lost: run the same command again to resume",
-                         exit_code=130) from None
+    return _prepare(Path(data_dir), layout, size, jobs, seed, stop_after, t0)
 
 
 def check_size(size: int) -> None:
