@@ -69,7 +69,8 @@ def load_driver() -> Driver:
 
 def build_facts(binary: Path | None) -> dict:
     """What the CMake cache of the build that made `binary` (<cmake dir>/tools/caffe) says:
-    {"cpu_only": bool, "cuda_version": "13.0"}; {} when there is no cache beside it (an unknown caffe)."""
+    {"cpu_only": bool, "cuda_version": "13.0", "nccl": bool}; {} when there is no cache beside it (an
+    unknown caffe)."""
     if binary is None:
         return {}
     binary = Path(binary)
@@ -90,6 +91,8 @@ def build_facts(binary: Path | None) -> dict:
         m = re.search(r"^CUDA_VERSION(?::STRING)?=(\d+(?:\.\d+)?)", text, re.M)
         if m:
             facts["cuda_version"] = m[1]
+        m = re.search(r"^USE_NCCL:BOOL=(\S+)", text, re.M)
+        facts["nccl"] = bool(m) and m[1].upper() in ("ON", "1", "TRUE", "YES")
         return facts
     return {}
 
@@ -181,4 +184,9 @@ def _ask_driver(driver, facts: dict, gpu: str | None, solver_device: int) -> str
     if bad:
         known = "id 0" if count == 1 else f"ids 0-{count - 1}"
         return f"there is no {name}: the driver has {count} CUDA device{'s' if count != 1 else ''} ({known})"
+    several = gpu is not None and (len(wanted) > 1 or (not wanted and count > 1))
+    if several and facts and not facts.get("nccl"):
+        # caffe itself would stop at its first step with "rebuild with USE_NCCL"
+        return (f"--gpu {gpu} trains on several GPUs, which needs caffe built with NCCL; this build has "
+                f"none yet: give one GPU id (e.g. --gpu 0)")
     return None

@@ -58,7 +58,7 @@ def _nvidia_files(dev: Path) -> None:
 
 def test_a_cpu_only_build(tmp_path, dev):
     caffe = _build(tmp_path, cpu_only=True, cuda=None)
-    assert device.build_facts(caffe) == {"cpu_only": True}
+    assert device.build_facts(caffe) == {"cpu_only": True, "nccl": False}
     why = device.gpu_problem(caffe, dev_dir=dev, driver_loader=lambda: FakeDriver())
     assert "CPU-only build" in why and "cometctl build --cuda" in why
     why = device.gpu_problem(None, dev_dir=dev, driver_loader=lambda: FakeDriver())
@@ -98,7 +98,17 @@ def test_driver_older_than_the_build(tmp_path, dev):
 def test_device_ids(tmp_path, dev):
     caffe = _build(tmp_path, cpu_only=False)
     two = lambda: FakeDriver(count=2)  # noqa: E731
-    for ok in ("0", "1", "0,1", "all", None):
+    one = lambda: FakeDriver(count=1)  # noqa: E731
+    for ok in ("0", "1", None):
+        assert device.gpu_problem(caffe, ok, dev_dir=dev, driver_loader=two) is None, ok
+    assert device.gpu_problem(caffe, "all", dev_dir=dev, driver_loader=one) is None  # all = the one GPU
+    # several GPUs need caffe's NCCL build: refused before caffe starts, unless the cache says USE_NCCL
+    for several in ("0,1", "all"):
+        why = device.gpu_problem(caffe, several, dev_dir=dev, driver_loader=two)
+        assert why and "needs caffe built with NCCL" in why and "--gpu 0" in why, several
+    cache = caffe.parent.parent / "CMakeCache.txt"
+    cache.write_text(cache.read_text() + "USE_NCCL:BOOL=ON\n")
+    for ok in ("0,1", "all"):
         assert device.gpu_problem(caffe, ok, dev_dir=dev, driver_loader=two) is None, ok
     assert "no GPU 2: the driver has 2 CUDA devices (ids 0-1)" in device.gpu_problem(
         caffe, "0,2", dev_dir=dev, driver_loader=two)
