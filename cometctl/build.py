@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import deps, patches, paths, upstream
 from .errors import CometError
-from .progress import console, counter, step
+from .ui import console, counter, step
 
 TOOLS = ("caffe", "convert_imageset", "compute_image_mean")
 DEFAULT_CUDA_ARCHS = "75 80 86 89 90"
@@ -229,10 +229,6 @@ def _venv_site() -> Path | None:
     return Path(sysconfig.get_paths()["purelib"])
 
 
-def active_marker() -> Path:
-    return Path(sys.prefix) / "comet-active.json"
-
-
 def activate(result: BuildResult) -> str:
     """Make this build the one the venv uses: pycaffe on sys.path, the tools in the venv's bin/."""
     site = _venv_site()
@@ -245,7 +241,7 @@ def activate(result: BuildResult) -> str:
         link = bindir / tool
         link.unlink(missing_ok=True)
         link.symlink_to(result.cmake_dir / "tools" / tool)
-    active_marker().write_text(json.dumps(
+    paths.active_marker().write_text(json.dumps(
         {"variant": result.variant, "src": str(result.src), "cmake": str(result.cmake_dir)}))
     return f"`import caffe` and {', '.join(TOOLS)} in {bindir} now use the {result.variant} build"
 

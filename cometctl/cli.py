@@ -87,18 +87,11 @@ def patches_edit(dest, upstream):
     """Create a git work tree: upstream as the first commit (tag `upstream`), then one commit per
     patch. Edit, commit (one commit = one patch; amend or rebase to change one), then run
     `cometctl patches export`."""
-    import tempfile
-    from pathlib import Path
+    from . import patches as p
+    from .ui import console
 
-    from . import patches as p, upstream as up
-    from .progress import console
-
-    pin = up.Pin.load()
-    with tempfile.TemporaryDirectory(prefix="comet-patchwork-") as tmp, open(Path(tmp) / "log", "w") as log:
-        archive, origin = up.obtain(pin, upstream, log)
-        root = up.unpack(archive, Path(tmp) / "upstream")
-        p.make_worktree(root, Path(dest).resolve())
-    console.print(f"work tree ready in {dest} ({len(p.read_series())} patches as commits)")
+    count = p.edit(dest, upstream)
+    console.print(f"work tree ready in {dest} ({count} patches as commits)")
 
 
 @patches.command("export")
@@ -109,7 +102,7 @@ def patches_export(src):
     from pathlib import Path
 
     from . import patches as p
-    from .progress import console
+    from .ui import console
 
     names = p.export_worktree(Path(src).resolve())
     console.print(f"wrote {len(names)} patches and caffe/patches/series")
@@ -324,7 +317,7 @@ def plan(solver, cpu, gpu, memory, check, verify, json_out, synthetic_input, inp
       cometctl report --plan plan.json      # plan.png: predicted against measured
     """
     from .plan import budget_problem, make_plan, render, write_json
-    from .progress import console, counter
+    from .ui import console, counter
 
     total = 2 * len(set(measure)) + sum(len(modes) for _, modes in check) + (2 if verify else 0)
     with counter("measuring", total) as advance:

@@ -136,7 +136,7 @@ def read_layout(archive: Path, lists: Path | None, seed: int, val_fraction: floa
                 synthetic: bool = False) -> imagedb.Layout:
     """Stanford Dogs' layout: Images/<wnid>-<breed>/<file> in images.tar (or its unpacked folder); the
     split from lists.tar when given, else seeded and stratified."""
-    from .progress import step
+    from .ui import step
 
     archive = Path(archive)
     if not archive.exists():

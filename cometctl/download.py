@@ -1,4 +1,5 @@
-"""Resumable downloads with a progress bar and an MD5 check (the checksum the dataset's users publish).
+"""Resumable downloads with a progress bar and a checksum check; the one downloader of cometctl (datasets
+by the MD5 their users publish, upstream Caffe through cometctl.upstream, which checks its own digests).
 
 A download goes to `<dest>.part`; an interrupted one continues from where it stopped with an HTTP Range
 request. Only a file whose checksum matches is renamed to `<dest>`. A file that does not match is kept
@@ -18,20 +19,28 @@ from .errors import CometError
 from .ui import bytes_progress
 
 CHUNK = 1 << 20
-USER_AGENT = "cometctl/0.1 (+COMET-Caffe prepare-dogs)"
+USER_AGENT = "cometctl/0.1 (+COMET-Caffe)"
 
 
-def md5_of(path: Path, label: str | None = None) -> str:
-    """MD5 of a file, with a progress bar for big files."""
-    h = hashlib.md5()
-    size = path.stat().st_size
-    with bytes_progress(transient=True, disable=size < 64 * CHUNK) as prog:
-        task = prog.add_task(label or f"checksum {path.name}", total=size)
-        with open(path, "rb") as f:
+def file_digest(path: Path, algorithm: str = "md5", label: str | None = None, bar: bool = True) -> str:
+    """Hex digest of a file, with a progress bar for big files unless `bar` is False."""
+    h = hashlib.new(algorithm)
+    size = Path(path).stat().st_size
+    with open(path, "rb") as f:
+        if not bar or size < 64 * CHUNK:
+            while block := f.read(CHUNK):
+                h.update(block)
+            return h.hexdigest()
+        with bytes_progress(transient=True) as prog:
+            task = prog.add_task(label or f"checksum {Path(path).name}", total=size)
             while block := f.read(CHUNK):
                 h.update(block)
                 prog.advance(task, len(block))
     return h.hexdigest()
+
+
+def md5_of(path: Path, label: str | None = None) -> str:
+    return file_digest(path, "md5", label)
 
 
 def _stamp(path: Path) -> Path:

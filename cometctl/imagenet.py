@@ -32,7 +32,7 @@ from pathlib import Path
 from . import imagedb
 from .errors import CometError
 from .paths import REPO_ROOT
-from .progress import step
+from .ui import step
 
 DEFAULT_SEED = 1701
 YEAR = "2012"

@@ -15,9 +15,10 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
-from . import paths
+from . import paths, upstream
 from .errors import CometError
 
 UPSTREAM_TAG = "upstream"
@@ -99,6 +100,18 @@ def make_worktree(upstream_root: Path, dest: Path, patches_dir: Path = paths.PAT
         _git(dest, "add", "-A")
         _git(dest, "commit", "-q", "-F", "-", input=header)
     return dest
+
+
+def edit(dest: str | os.PathLike, upstream_archive: str | None = None,
+         patches_dir: Path = paths.PATCHES_DIR) -> int:
+    """`cometctl patches edit`: the verified pinned upstream (`upstream_archive` or the cache/fetch),
+    unpacked and turned into make_worktree's repo at dest. Returns the number of patches committed."""
+    pin = upstream.Pin.load()
+    with tempfile.TemporaryDirectory(prefix="comet-patchwork-") as tmp, open(Path(tmp) / "log", "w") as log:
+        archive, _origin = upstream.obtain(pin, upstream_archive, log)
+        root = upstream.unpack(archive, Path(tmp) / "upstream")
+        make_worktree(root, Path(dest).resolve(), patches_dir)
+    return len(read_series(patches_dir))
 
 
 def _slug(subject: str) -> str:

@@ -34,14 +34,19 @@ def variant_dirs(variant: str, override: str | os.PathLike | None = None) -> tup
     return root / "src", root / "cmake"
 
 
+def active_marker() -> Path:
+    """The file in which build.activate records the build this venv uses."""
+    import sys
+
+    return Path(sys.prefix) / "comet-active.json"
+
+
 def _active() -> dict | None:
     """The build that `cometctl build` last activated in this venv (see build.activate)."""
     import json
-    import sys
 
-    marker = Path(sys.prefix) / "comet-active.json"
     try:
-        return json.loads(marker.read_text())
+        return json.loads(active_marker().read_text())
     except (OSError, ValueError):
         return None
 

@@ -15,13 +15,13 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths
+from .download import fetch, file_digest
 from .errors import CometError
-from .progress import console, download_progress, step
+from .ui import console, step
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,8 @@ class Pin:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    # no bar: callers may already show one (rich allows one live display at a time)
+    return file_digest(path, "sha256", bar=False)
 
 
 def tree_digest(root: Path) -> str:
@@ -179,20 +176,8 @@ def fetch_debian(pin: Pin, dest_dir: Path, log) -> Path:
 
 
 def fetch_url(url: str, out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_suffix(out.suffix + ".part")
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(part, "wb") as f:
-            total = int(r.headers.get("Content-Length") or 0) or None
-            with download_progress(f"download {out.name}", total) as advance:
-                for chunk in iter(lambda: r.read(1 << 16), b""):
-                    f.write(chunk)
-                    advance(len(chunk))
-    except OSError as e:
-        part.unlink(missing_ok=True)
-        raise CometError(f"download of {url} failed: {e}") from e
-    part.replace(out)
-    return out
+    """Download `url` to `out` (resumable); obtain() verifies it against the pin afterwards."""
+    return fetch(url, out)
 
 
 def obtain(pin: Pin, upstream: str | None, log) -> tuple[Path, str]:

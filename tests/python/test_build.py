@@ -166,6 +166,23 @@ def test_edit_then_export_round_trips_the_series(tmp_path):
     assert (pd / "0002-b-returns-three.patch").read_text().startswith("Subject: b returns three")
 
 
+def test_patches_edit_makes_the_work_tree_from_a_verified_archive(tmp_path, monkeypatch):
+    tree = make_tree(tmp_path / "tree")
+    pin = fake_pin(tree)
+    monkeypatch.setattr(upstream.Pin, "load", classmethod(lambda cls, path=None: pin))
+    pd = tmp_path / "patches"
+    pd.mkdir()
+    write_patch(pd, "0001-a-returns-ten.patch", "a returns ten", GOOD_DIFF)
+    (pd / "series").write_text("0001-a-returns-ten.patch\n")
+    archive = tar_dir(tree, tmp_path / "caffe.tar.gz", prefix="caffe-99bd997")
+    assert patches.edit(tmp_path / "work", str(archive), pd) == 1
+    assert "return 10;" in (tmp_path / "work" / "src" / "a.cpp").read_text()
+    (tree / "src" / "b.cpp").write_text("int b() { return 9; }\n")
+    with pytest.raises(CometError, match="refusing to build"):
+        patches.edit(tmp_path / "work2", str(tar_dir(tree, tmp_path / "bad.tar.gz")), pd)
+    assert not (tmp_path / "work2").exists()
+
+
 def test_real_series_headers_say_why():
     for p in patches.read_series():
         header, diff = patches.split_patch(p.read_text())
@@ -273,7 +290,7 @@ def test_download_of_an_archive_then_verification(tmp_path):
         bad = upstream.fetch_url(f"{base}/bad.tar.gz", tmp_path / "bad.tar.gz")
         with pytest.raises(CometError, match="refusing to build"):
             upstream.verify_archive(bad, pin)
-        with pytest.raises(CometError, match="download of"):
+        with pytest.raises(CometError, match="cannot download"):  # download.fetch's wording
             upstream.fetch_url(f"{base}/missing.tar.gz", tmp_path / "m.tar.gz")
         assert not (tmp_path / "m.tar.gz.part").exists()
     finally:
