@@ -100,3 +100,18 @@ def in_train_phase(layer, pb2) -> bool:
     if layer.include:
         return any(meets_train_rule(r, pb2) for r in layer.include)
     return not any(meets_train_rule(r, pb2) for r in layer.exclude)
+
+
+def read_solver(solver, pb2):
+    """The solver the user named and its net: (solver path, SolverParameter, net path, NetParameter).
+    Only `net:` solvers (what cometctl writes and upstream's models use); a missing net is named."""
+    from .paths import REPO_ROOT, from_root, user_file
+
+    solver_path = user_file(solver)
+    param = read_text_proto(solver_path, pb2.SolverParameter())
+    if not param.net:
+        raise CometError(f"{solver_path}: the solver has no `net:` (train_net/net_param are not supported here)")
+    net_path = from_root(param.net)
+    if not net_path.exists():
+        raise CometError(f"{solver_path}: net {param.net} not found (relative paths start at {REPO_ROOT})")
+    return solver_path, param, net_path, read_text_proto(net_path, pb2.NetParameter())

@@ -79,3 +79,22 @@ def pycaffe_dir(variant: str | None = None, override: str | os.PathLike | None =
         if (src / "python" / "caffe" / "_caffe.so").exists():
             return src / "python"
     raise CometError("pycaffe is not built yet: run `cometctl build` first")
+
+
+def user_file(path: str | os.PathLike) -> Path:
+    """A file the user named: relative to the current folder, else to the repository root."""
+    from .errors import CometError
+
+    p = Path(path).expanduser()
+    if p.exists():
+        return p.resolve()
+    q = REPO_ROOT / p
+    if not p.is_absolute() and q.exists():
+        return q.resolve()
+    raise CometError(f"{path}: no such file")
+
+
+def from_root(path: str) -> Path:
+    """A path inside a prototxt: relative ones start at the repository root (where caffe runs)."""
+    p = Path(path)
+    return p if p.is_absolute() else REPO_ROOT / p

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import CometError
-from .paths import REPO_ROOT
+from .paths import REPO_ROOT, from_root
 
 SCHEMA = "cometctl-plan/1"
 DEFAULT_MEASURE = (8, 16, 32)
@@ -186,11 +186,6 @@ SOURCE_PARAM = {"Data": "data_param", "ImageData": "image_data_param", "WindowDa
 BATCH_PARAM = dict(SOURCE_PARAM, MemoryData="memory_data_param")
 
 
-def _from_root(path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
-
-
 def solver_state_copies(param, pb2) -> int:
     kind = param.type if param.HasField("type") else (
         LEGACY_SOLVER_TYPES[param.solver_type] if param.HasField("solver_type") else "SGD")
@@ -233,10 +228,10 @@ def missing_sources(net, pb2) -> list[tuple[str, str, str]]:
     for layer in train_layers(net, pb2):
         if layer.type in SOURCE_PARAM:
             src = getattr(layer, SOURCE_PARAM[layer.type]).source
-            if src and not _from_root(src).exists():
+            if src and not from_root(src).exists():
                 out.append((layer.name, "source", src))
         if layer.type in SOURCE_PARAM and layer.HasField("transform_param") and layer.transform_param.mean_file:
-            if not _from_root(layer.transform_param.mean_file).exists():
+            if not from_root(layer.transform_param.mean_file).exists():
                 out.append((layer.name, "mean file", layer.transform_param.mean_file))
         if layer.type == "MemoryData":
             out.append((layer.name, "memory", "(fed by pycaffe, not by caffe train)"))
@@ -294,7 +289,7 @@ def _image_shape(layer, pb2, notes: list[str]) -> tuple[int, ...] | None:
     """The shape (without the batch) of a data layer's first top, as far as it can be told."""
     crop = layer.transform_param.crop_size if layer.HasField("transform_param") else 0
     if layer.type == "Data":
-        src = _from_root(layer.data_param.source)
+        src = from_root(layer.data_param.source)
         found = _lmdb_datum_shape(src, pb2) if layer.data_param.backend == pb2.DataParameter.LMDB and \
             src.exists() else None
         if found:
@@ -744,16 +739,6 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
 
 # ------------------------------------------------------------------------------------- the plan
 
-def _resolve_solver(solver) -> Path:
-    p = Path(solver).expanduser()
-    if p.exists():
-        return p.resolve()
-    q = REPO_ROOT / p
-    if not p.is_absolute() and q.exists():
-        return q.resolve()
-    raise CometError(f"{solver}: no such file")
-
-
 def _table_rows(runs_on: list[Measured], batch: int) -> list[dict]:
     """The per-blob rows of the COMET-on runs fitted to `batch` (the order of the store's plan)."""
     if not runs_on:
@@ -782,7 +767,7 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
     """Measure, fit and predict; returns the plan as a dict (the --json document). `check`: batch sizes
     to run after the fit (N, or (N, ("on",)) for one mode); `verify`: also run each mode at its largest
     batch in `memory`. `progress(text)` is called before each run, with the run's description."""
-    from .caffeproto import caffe_pb2, read_text_proto
+    from .caffeproto import caffe_pb2, read_solver
 
     if cpu and gpu is not None:
         raise CometError("--cpu and --gpu contradict each other; choose one")
@@ -801,14 +786,7 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
         raise CometError("--verify runs the largest batch that fits in --memory: give --memory too")
     shapes = parse_input_shapes(input_shapes)
     pb2 = caffe_pb2()
-    solver_path = _resolve_solver(solver)
-    param = read_text_proto(solver_path, pb2.SolverParameter())
-    if not param.net:
-        raise CometError(f"{solver_path}: the solver has no `net:` (train_net/net_param are not supported here)")
-    net_path = _from_root(param.net)
-    if not net_path.exists():
-        raise CometError(f"{solver_path}: net {param.net} not found (relative paths start at {REPO_ROOT})")
-    net = read_text_proto(net_path, pb2.NetParameter())
+    solver_path, param, net_path, net = read_solver(solver, pb2)
     solver_batch = net_batch(net, pb2)
     if not synthetic:
         missing = missing_sources(net, pb2)
@@ -885,7 +863,7 @@ def source_bytes(net, pb2) -> float | None:
     total, found = 0, False
     for layer in train_layers(net, pb2):
         if layer.type == "Data" and layer.data_param.source:
-            src = _from_root(layer.data_param.source)
+            src = from_root(layer.data_param.source)
             files = [src] if src.is_file() else list(src.glob("*")) if src.is_dir() else []
             total += sum(f.stat().st_size for f in files if f.is_file())
             found = found or bool(files)

@@ -37,24 +37,8 @@ from rich.markup import escape
 
 from .caffelog import GLOG, LogParser, resume_marker
 from .errors import CometError
-from .paths import REPO_ROOT
+from .paths import REPO_ROOT, from_root, user_file
 from .ui import console, counting_progress
-
-
-def _resolve_input(path: str | os.PathLike) -> Path:
-    """A file the user named: relative to the current folder, else to the repository root."""
-    p = Path(path).expanduser()
-    if p.exists():
-        return p.resolve()
-    q = REPO_ROOT / p
-    if not p.is_absolute() and q.exists():
-        return q.resolve()
-    raise CometError(f"{path}: no such file")
-
-
-def _from_root(path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
 
 
 def model_name(solver: Path) -> str:
@@ -72,7 +56,7 @@ def _check_data(net, net_path: Path) -> None:
         if layer.HasField("transform_param") and layer.transform_param.mean_file:
             missing.append(layer.transform_param.mean_file)
         for m in missing:
-            if not _from_root(m).exists():
+            if not from_root(m).exists():
                 hint = ("run `cometctl prepare-dogs --synthetic`" if "synthetic" in m
                         else "run `cometctl prepare-dogs`")
                 raise CometError(f"{net_path.name}: layer '{layer.name}' needs {m}, which does not exist; {hint}")
@@ -107,21 +91,14 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
     anything is written (to find caffe and check the device). With `resume` a snapshot inside
     `run_dir/snapshots`, the run folder is the one that made it: the run goes on there, with the same
     snapshot prefix (so the fork's <prefix>_comet.csv goes on too)."""
-    from .caffeproto import caffe_pb2, read_text_proto, write_text_proto
+    from .caffeproto import caffe_pb2, read_solver, read_text_proto, write_text_proto
 
     if cpu and gpu is not None:
         raise CometError("--cpu and --gpu contradict each other; choose one")
     if iters is not None and iters < 1:
         raise CometError(f"--iters {iters}: must be at least 1")
     pb2 = caffe_pb2()
-    solver_path = _resolve_input(solver)
-    param = read_text_proto(solver_path, pb2.SolverParameter())
-    if not param.net:
-        raise CometError(f"{solver_path}: the solver has no `net:` (train_net/net_param are not supported here)")
-    net_path = _from_root(param.net)
-    if not net_path.exists():
-        raise CometError(f"{solver_path}: net {param.net} not found (relative paths start at {REPO_ROOT})")
-    net = read_text_proto(net_path, pb2.NetParameter())
+    solver_path, param, net_path, net = read_solver(solver, pb2)
 
     uses_gpu = gpu is not None or (not cpu and param.solver_mode == pb2.SolverParameter.GPU)
     if before_create:  # the device first: no point preparing data for a run that cannot start
@@ -274,7 +251,7 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
     """Run one training; returns caffe's exit status (128+N when a signal N ended it; 130 after Ctrl-C)."""
     resume = None
     if snapshot:
-        resume = _resolve_input(snapshot)
+        resume = user_file(snapshot)
         if not str(resume).endswith((".solverstate", ".solverstate.h5")):
             raise CometError(f"--snapshot {snapshot}: expected a .solverstate file (caffe resumes from the "
                              f"solver state; a .caffemodel holds only weights)")
@@ -311,7 +288,7 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
             earlier = old.pop("earlier_sessions", []) + [old]
         except (OSError, ValueError):
             pass
-    info = {"command": cmd, "cwd": str(REPO_ROOT), "solver": str(_resolve_input(solver)),
+    info = {"command": cmd, "cwd": str(REPO_ROOT), "solver": str(user_file(solver)),
             "started": datetime.now().isoformat(timespec="seconds"), "mode": "GPU" if uses_gpu else "CPU"}
     if resume:
         info["resumed_from"] = str(resume)

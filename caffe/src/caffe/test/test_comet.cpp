@@ -53,6 +53,21 @@ void FillActivations(Blob<float>* b, float zeros, float scale, unsigned seed) {
   }
 }
 
+// What a COMET fatal error says while `run` runs with fatal errors thrown, as pycaffe has them
+// ("" when there is none).
+template <typename F>
+std::string FatalMessageOf(F run) {
+  CometSetFatalThrows(true);
+  std::string what;
+  try {
+    run();
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  CometSetFatalThrows(false);
+  return what;
+}
+
 float MaxAbsDiff(const float* a, const float* b, int n) {
   float m = 0;
   for (int i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
@@ -1401,14 +1416,7 @@ TEST_F(CometStoreTest, AReadOfFreedMemoryIsAnErrorNamingBlobAndReader) {
   // ip1 is read by the loss in forward only: freed after it. Reading it later is an error that
   // says what was freed and who read it (pycaffe: a RuntimeError), never zeros.
   const Blob<float>* ip1 = on->net()->blob_by_name("ip1").get();
-  std::string what;
-  CometSetFatalThrows(true);
-  try {
-    ip1->cpu_data();
-  } catch (const std::runtime_error& e) {
-    what = e.what();
-  }
-  CometSetFatalThrows(false);
+  const std::string what = FatalMessageOf([&]() { ip1->cpu_data(); });
   EXPECT_NE(what.find("data of blob 'ip1' was freed"), std::string::npos) << what;
   EXPECT_NE(what.find("outside the training step (pycaffe or a tool), after iteration 0"),
             std::string::npos) << what;
@@ -1540,14 +1548,7 @@ TEST_F(CometGPUTest, AReleasedDeviceBufferIsAnErrorNotZeros) {
   Blob<float> blob(2, 3, 8, 8);
   caffe_gpu_set(blob.count(), 1.f, blob.mutable_gpu_data());
   CometMarkReleased(blob.data().get(), "data of blob 'pool9'");
-  std::string what;
-  CometSetFatalThrows(true);
-  try {
-    blob.gpu_data();
-  } catch (const std::runtime_error& e) {
-    what = e.what();
-  }
-  CometSetFatalThrows(false);
+  const std::string what = FatalMessageOf([&]() { blob.gpu_data(); });
   EXPECT_NE(what.find("data of blob 'pool9' was freed"), std::string::npos) << what;
 }
 
@@ -1569,14 +1570,7 @@ TEST_F(CometGPUTest, ACorruptDevicePayloadIsRefused) {
   EXPECT_FALSE(error.empty());
   blob.data()->comet_release();
   blob.data()->comet_payload() = p;
-  std::string what;
-  CometSetFatalThrows(true);
-  try {
-    blob.gpu_data();
-  } catch (const std::runtime_error& e) {
-    what = e.what();
-  }
-  CometSetFatalThrows(false);
+  const std::string what = FatalMessageOf([&]() { blob.gpu_data(); });
   EXPECT_NE(what.find("compressed data of blob 'conv9' is corrupt"), std::string::npos) << what;
 }
 
