@@ -190,6 +190,16 @@ size_t sz_compress_bound(size_t n_elems) {
   return (size_t)(kHeaderSize + (packed > raw ? packed : raw));
 }
 
+int sz_restore_host(const float* in, size_t n, double eb, float* out) {
+  if (n && (!in || !out)) return SZ_ERR_PARAM;
+  const QuantParams qp = make_quant_params(eb_to_float(eb));
+  for (size_t i = 0; i < n; ++i) {
+    int32_t q;
+    out[i] = quantize(in[i], qp, &q) ? recon(q, qp.two_eb) : in[i];
+  }
+  return SZ_OK;
+}
+
 int sz_compress_host(const float* in, const size_t* dims, int ndims, double eb, int mode,
                      void* out, size_t out_capacity, size_t* out_size) {
   sz_params p;

@@ -128,6 +128,34 @@ TEST(Host, NanInfAndSignedZeroExact) {
   }
 }
 
+// sz_restore_host gives, value by value, what a stream decodes to (blocks without an outlier),
+// and the value itself where the quantizer refuses it.
+TEST(Host, RestoreIsWhatTheStreamDecodesTo) {
+  for (int kind : {0, 1, 2}) {
+    std::vector<float> x = kind == 0 ? random_uniform(4096, 11, -3, 5)
+                           : kind == 1 ? smooth(4096) : relu_sparse(4096, 0.5, 12);
+    for (double eb : {1e-1, 1e-3, 0.37}) {
+      double eb_abs;
+      const std::vector<float> y = roundtrip(x, {4, 1024}, eb, SZ_EB_ABS, SZ_LOSSLESS_NONE, &eb_abs);
+      std::vector<float> r(x.size(), 12345.0f);
+      ASSERT_EQ(sz_restore_host(x.data(), x.size(), eb, r.data()), SZ_OK);
+      for (size_t i = 0; i < x.size(); ++i)
+        ASSERT_EQ(std::memcmp(&r[i], &y[i], 4), 0) << "kind " << kind << " eb " << eb << " at " << i;
+    }
+  }
+  const float odd[] = {NAN, INFINITY, -3e38f, -0.0f, 0.2f};
+  float r[5];
+  ASSERT_EQ(sz_restore_host(odd, 5, 1e-3, r), SZ_OK);
+  EXPECT_TRUE(std::isnan(r[0]));
+  EXPECT_EQ(r[1], INFINITY);
+  EXPECT_EQ(r[2], -3e38f);
+  EXPECT_EQ(std::signbit(r[3]), false) << "-0.0 comes back as +0.0";
+  EXPECT_LE(std::fabs(r[4] - 0.2f), 1e-3);
+  EXPECT_EQ(sz_restore_host(odd, 5, 0.0, r), SZ_OK);  // no usable step: every value verbatim
+  EXPECT_EQ(r[4], 0.2f);
+  EXPECT_EQ(sz_restore_host(nullptr, 5, 1e-3, r), SZ_ERR_PARAM);
+}
+
 TEST(Host, AllNanRelMode) {
   std::vector<float> x(100, NAN);
   double eb_abs;

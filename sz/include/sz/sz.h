@@ -95,6 +95,14 @@ SZ_API int sz_compress_host_ex(const float* in, const size_t* dims, int ndims,
                                const sz_params* params, void* out, size_t out_capacity,
                                size_t* out_size);
 
+/* The value each of in[0..n) comes back as from a stream at absolute bound eb, on its own: the
+ * quantizer's x' (nearest multiple of 2 eb, ties to even, exact-bound check), or the value
+ * itself where the quantizer refuses it (NaN, Inf, too large for eb; every value when eb has
+ * no usable step). In a stream a 32-value block holding such a value is stored verbatim whole,
+ * so its other values come back exactly; that is the only difference. For error models that
+ * need x' - x without encoding. out may equal in. */
+SZ_API int sz_restore_host(const float* in, size_t n, double eb, float* out);
+
 /* Host decompression into out[0..n) where n = product of the stream's dims <= out_elems.
  * in_size must be the stream's exact size: SZ_ERR_EMPTY for 0 bytes, SZ_ERR_TRUNCATED when
  * shorter than the header states, SZ_ERR_TRAILING when longer. Besides the checksums, the

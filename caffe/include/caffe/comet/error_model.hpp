@@ -64,9 +64,8 @@ std::vector<double> CometLadder(double eb);
 // The RMS error of the weights pairing the sample's channels with some of the outputs (all of
 // them on small layers), were the input stored at each of `bounds`, over all num images (from
 // the sampled images' parts: their mean square and their mean product, which is what adds up
-// coherently from image to image; exact when every image is sampled): x' as sz's quantiser
-// restores it (the nearest multiple of 2 eb, exact zeros exact, non-finite and huge values
-// verbatim), clamped by the sign mask where one is stored. dy (host or device) is the output
+// coherently from image to image; exact when every image is sampled): x' as sz restores it
+// (sz_restore_host), clamped by the sign mask where one is stored. dy (host or device) is the output
 // gradient, num x out_channels x height x width.
 std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy, bool on_device,
                                       int out_channels, int height, int width,

@@ -1,12 +1,13 @@
 // COMET-Caffe: the weight-gradient error of an input stored lossy, measured on a sample of the
 // weights (include/caffe/comet/error_model.hpp).
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <vector>
 
 #include "caffe/common.hpp"
 #include "caffe/comet/error_model.hpp"
+#include "caffe/comet/mask.hpp"
+#include "sz/sz.h"
 
 namespace caffe {
 
@@ -49,23 +50,6 @@ std::vector<float> GatherChannels(const float* src, bool on_device, int num, int
   return out;
 }
 
-// x' as sz restores x stored at bound eb_f (sz/src/quantizer.h: q = round(x / 2eb) ties to even,
-// x' = float(q) * 2eb, one step of correction where float rounding misses the bound, verbatim
-// where that fails or |q| would reach 2^29 or x is not finite), then as the sign mask clamps it
-// (comet/mask.hpp: positives stay above 0, the rest at or below).
-float Restored(float x, float eb_f, float two_eb, float inv_two_eb, bool signs) {
-  const float t = x * inv_two_eb;
-  if (!(std::fabs(t) < 536870912.f)) return x;
-  float q = std::nearbyint(t);
-  float r = q * two_eb;
-  if (std::fabs(static_cast<double>(x) - r) > eb_f) {
-    q += x > r ? 1.f : -1.f;
-    r = q * two_eb;
-    if (std::fabs(static_cast<double>(x) - r) > eb_f) return x;
-  }
-  if (signs) r = x > 0 ? std::max(r, FLT_MIN) : std::min(r, 0.f);
-  return r;
-}
 }  // namespace
 
 CometErrorSample CometSampleInput(const float* x, bool on_device, int num, int channels,
@@ -102,11 +86,15 @@ std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy
   const size_t values = s.x.size();
   std::vector<float> e(nb * values);
   for (int b = 0; b < nb; ++b) {
-    float eb_f = static_cast<float>(bounds[b]);  // the largest float not above eb, as sz uses
-    if (eb_f > bounds[b]) eb_f = std::nextafter(eb_f, 0.f);
-    const float two_eb = 2 * eb_f, inv = 1 / two_eb;
-    for (size_t i = 0; i < values; ++i)
-      e[b * values + i] = Restored(s.x[i], eb_f, two_eb, inv, s.signs) - s.x[i];
+    // x' as sz restores it (a block holding a NaN or Inf would come back exactly: rare enough
+    // not to model), clamped as the sign mask does
+    float* err = &e[b * values];
+    CHECK_EQ(sz_restore_host(s.x.data(), values, bounds[b], err), SZ_OK);
+    for (size_t i = 0; i < values; ++i) {
+      const float r = s.signs ? comet_mask::apply_sign(err[i], comet_mask::bit_of(s.x[i]), 0)
+                              : err[i];
+      err[i] = r - s.x[i];
+    }
   }
   const size_t plane = static_cast<size_t>(height) * width;
   const size_t in_plane = static_cast<size_t>(s.height) * s.width;

@@ -238,68 +238,103 @@ TEST_F(CometPayloadTest, CorruptPayloadIsFatalNotUsed) {
 // exact one by at most eb * sum|dy| per weight. Its RMS difference over the weights is what the
 // adaptive rule measures on a sample of them (error_model.hpp), and, for dense inputs whose
 // errors are independent, near the first rule's eb * ||dy|| / sqrt(3 O) (docs/comet.md).
+// WeightGradientBench holds a layer, its input, an output gradient (any values; with
+// constant_dy one value per map, as below a global average pooling) and the exact weight
+// gradient, and measures both.
+template <typename LayerT>
+class WeightGradientBench {
+ public:
+  WeightGradientBench(const LayerParameter& lp, const Blob<float>& input, bool constant_dy)
+      : layer_(lp), bottom_(input.shape()),
+        x_(input.cpu_data(), input.cpu_data() + input.count()) {
+    Caffe::set_random_seed(1701);
+    Restore();
+    layer_.SetUp(Bottoms(), Tops());
+    FillerParameter fp;
+    fp.set_std(1.f);
+    GaussianFiller<float>(fp).Fill(&top_);  // any values; only the diff matters
+    caffe_copy(top_.count(), top_.cpu_data(), top_.mutable_cpu_diff());
+    if (constant_dy) {
+      float* d = top_.mutable_cpu_diff();
+      for (int m = 0; m < top_.count() / Plane(); ++m)
+        for (int i = 1; i < Plane(); ++i) d[m * Plane() + i] = d[m * Plane()];
+    }
+    exact_ = Gradient();
+  }
+  // The RMS error over the weights with the input stored at eb; checks the worst case.
+  double ErrorAt(double eb) {
+    shared_ptr<CometPayload> p = CometEncodeLossy(x_.data(), bottom_.shape(), false, eb, "in");
+    std::string error;
+    EXPECT_TRUE(CometDecode(*p, bottom_.mutable_cpu_data(), &error)) << error;
+    const std::vector<float> lossy = Gradient();
+    Restore();
+    const int O = Outputs(), per_o = exact_.size() / O;
+    double sq = 0, worst_ratio = 0;
+    for (int o = 0; o < O; ++o) {
+      double dy_abs = 0;  // sum over n and positions of |dy[n, o, p]|
+      for (int n = 0; n < top_.shape(0); ++n)
+        for (int s = 0; s < Plane(); ++s)
+          dy_abs += std::fabs(top_.cpu_diff()[(n * O + o) * Plane() + s]);
+      for (int k = 0; k < per_o; ++k) {
+        const double d = lossy[o * per_o + k] - exact_[o * per_o + k];
+        sq += d * d;
+        worst_ratio = std::max(worst_ratio, std::fabs(d) / (eb * dy_abs));
+      }
+    }
+    EXPECT_LE(worst_ratio, 1.0 + 1e-3) << "worst-case bound eb * sum|dy| violated";
+    return std::sqrt(sq / exact_.size());
+  }
+  // What the rule measures: the input sampled when encoded at eb, the errors at `bounds`.
+  std::vector<double> Sampled(const CometWeightGeometry& g, double eb,
+                              const std::vector<double>& bounds) const {
+    const int N = bottom_.shape(0);
+    const int H = bottom_.num_axes() > 2 ? bottom_.shape(2) : 1;
+    const int W = bottom_.num_axes() > 3 ? bottom_.shape(3) : 1;
+    const CometErrorSample s = CometSampleInput(x_.data(), false, N, bottom_.count() / (N * H * W),
+                                                H, W, eb, false, g);
+    const int hy = top_.num_axes() > 2 ? top_.shape(2) : 1;
+    const int wy = top_.num_axes() > 3 ? top_.shape(3) : 1;
+    return CometWeightErrors(s, top_.cpu_diff(), false, Outputs(), hy, wy, g, bounds);
+  }
+  double GradientRms() const {
+    double g2 = 0;
+    for (int i = 0; i < exact_.size(); ++i) g2 += exact_[i] * exact_[i];
+    return std::sqrt(g2 / exact_.size());
+  }
+  double Independent(double eb) const {  // the first rule: eb ||dy|| / sqrt(3 O)
+    double dy_sq = 0;
+    for (int i = 0; i < top_.count(); ++i) dy_sq += top_.cpu_diff()[i] * top_.cpu_diff()[i];
+    return eb * std::sqrt(dy_sq) / std::sqrt(3.0 * Outputs());
+  }
+
+ private:
+  std::vector<Blob<float>*> Bottoms() { return std::vector<Blob<float>*>(1, &bottom_); }
+  std::vector<Blob<float>*> Tops() { return std::vector<Blob<float>*>(1, &top_); }
+  int Outputs() const { return top_.shape(1); }
+  int Plane() const { return top_.count() / (top_.shape(0) * Outputs()); }
+  void Restore() { std::copy(x_.begin(), x_.end(), bottom_.mutable_cpu_data()); }
+  std::vector<float> Gradient() {  // the weight gradient from bottom_ as it is
+    Blob<float>* w = layer_.blobs()[0].get();
+    caffe_set(w->count(), 0.f, w->mutable_cpu_diff());
+    layer_.Backward(Tops(), std::vector<bool>(1, false), Bottoms());
+    return std::vector<float>(w->cpu_diff(), w->cpu_diff() + w->count());
+  }
+
+  LayerT layer_;
+  Blob<float> bottom_, top_;
+  const std::vector<float> x_;  // the input, exact
+  std::vector<float> exact_;    // its weight gradient
+};
+
 struct GradientErrorCase {
   double rms, independent, sampled;
 };
 template <typename LayerT>
 GradientErrorCase MeasureGradientError(const LayerParameter& lp, const CometWeightGeometry& g,
-                                       Blob<float>* bottom, double eb, bool constant_dy) {
-  Caffe::set_random_seed(1701);
-  Blob<float> top;
-  std::vector<Blob<float>*> bv(1, bottom), tv(1, &top);
-  LayerT layer(lp);
-  layer.SetUp(bv, tv);
-  FillerParameter fp;
-  fp.set_std(1.f);
-  GaussianFiller<float> filler(fp);
-  filler.Fill(&top);  // any values; only the diff matters
-  caffe_copy(top.count(), top.cpu_data(), top.mutable_cpu_diff());
-  const int O = top.shape(1);
-  const int plane = top.count() / (top.shape(0) * O);
-  if (constant_dy) {  // as below a global average pooling: one value per map
-    float* d = top.mutable_cpu_diff();
-    for (int m = 0; m < top.count() / plane; ++m)
-      for (int i = 1; i < plane; ++i) d[m * plane + i] = d[m * plane];
-  }
-  const std::vector<bool> down(1, false);
-  Blob<float>* w = layer.blobs()[0].get();
-
-  caffe_set(w->count(), 0.f, w->mutable_cpu_diff());
-  layer.Backward(tv, down, bv);
-  std::vector<float> exact(w->cpu_diff(), w->cpu_diff() + w->count());
-
-  // What the rule measures: errors sampled at encode time, the gradient's error on the sample.
-  const int N = bottom->shape(0), C = bottom->count() / N;
-  const int H = bottom->num_axes() > 2 ? bottom->shape(2) : 1;
-  const int W = bottom->num_axes() > 3 ? bottom->shape(3) : 1;
-  const CometErrorSample s = CometSampleInput(bottom->cpu_data(), false, N, C / (H * W), H, W,
-                                              eb, false, g);
-  const int hy = top.num_axes() > 2 ? top.shape(2) : 1, wy = top.num_axes() > 3 ? top.shape(3) : 1;
-  const double sampled = CometWeightErrors(s, top.cpu_diff(), false, O, hy, wy, g,
-                                           std::vector<double>(1, eb))[0];
-
-  shared_ptr<CometPayload> p = CometEncodeLossy(bottom->cpu_data(), bottom->shape(), false, eb, "in");
-  std::string error;
-  EXPECT_TRUE(CometDecode(*p, bottom->mutable_cpu_data(), &error)) << error;
-  caffe_set(w->count(), 0.f, w->mutable_cpu_diff());
-  layer.Backward(tv, down, bv);
-
-  const int per_o = w->count() / O;
-  double sq = 0, dy_sq = 0, worst_ratio = 0;
-  for (int o = 0; o < O; ++o) {
-    double dy_abs = 0;  // sum over n and positions of |dy[n, o, p]|
-    for (int n = 0; n < top.shape(0); ++n)
-      for (int s = 0; s < plane; ++s) dy_abs += std::fabs(top.cpu_diff()[(n * O + o) * plane + s]);
-    for (int k = 0; k < per_o; ++k) {
-      const double d = w->cpu_diff()[o * per_o + k] - exact[o * per_o + k];
-      sq += d * d;
-      worst_ratio = std::max(worst_ratio, std::fabs(d) / (eb * dy_abs));
-    }
-  }
-  for (int i = 0; i < top.count(); ++i) dy_sq += top.cpu_diff()[i] * top.cpu_diff()[i];
-  EXPECT_LE(worst_ratio, 1.0 + 1e-3) << "worst-case bound eb * sum|dy| violated";
-  GradientErrorCase r = {std::sqrt(sq / w->count()), eb * std::sqrt(dy_sq) / std::sqrt(3.0 * O),
-                         sampled};
+                                       const Blob<float>& bottom, double eb, bool constant_dy) {
+  WeightGradientBench<LayerT> bench(lp, bottom, constant_dy);
+  GradientErrorCase r = {bench.ErrorAt(eb), bench.Independent(eb),
+                         bench.Sampled(g, eb, std::vector<double>(1, eb))[0]};
   return r;
 }
 
@@ -309,7 +344,7 @@ void CheckGradientError(const LayerParameter& lp, const CometWeightGeometry& g,
                         const std::vector<int>& in_shape, double eb, double tolerance = 1e-3) {
   Blob<float> bottom(in_shape);
   FillActivations(&bottom, 0.f, 2.f, 7);  // dense: every value carries quantization error
-  const GradientErrorCase r = MeasureGradientError<LayerT>(lp, g, &bottom, eb, false);
+  const GradientErrorCase r = MeasureGradientError<LayerT>(lp, g, bottom, eb, false);
   EXPECT_GT(r.rms, 0.2 * r.independent) << "estimate far too pessimistic";
   EXPECT_LT(r.rms, 2.0 * r.independent) << "estimate too optimistic";
   EXPECT_NEAR(r.sampled / r.rms, 1.0, tolerance) << "the sampled error is not the layer's";
@@ -388,7 +423,7 @@ TEST_F(CometPayloadTest, CorrelatedErrorsAreMeasuredByTheWeightRule) {
     Blob<float> bottom(8, 32, 7, 7);
     FillPatches(&bottom, eb);
     const GradientErrorCase r =
-        MeasureGradientError<ConvolutionLayer<float> >(lp, g, &bottom, eb, true);
+        MeasureGradientError<ConvolutionLayer<float> >(lp, g, bottom, eb, true);
     // With stride 2 the 1x1 convolution reads one value of each patch: only the mean adds up.
     EXPECT_GT(r.rms, (stride == 1 ? 2.0 : 1.3) * r.independent)
         << "test data too easy: the errors are not coherent";
@@ -408,7 +443,7 @@ TEST_F(CometPayloadTest, CorrelatedErrorsAreMeasuredByTheWeightRule) {
   Blob<float> bottom(16, 96, 14, 14);
   FillPatches(&bottom, eb);
   const GradientErrorCase r =
-      MeasureGradientError<ConvolutionLayer<float> >(lp, g, &bottom, eb, true);
+      MeasureGradientError<ConvolutionLayer<float> >(lp, g, bottom, eb, true);
   EXPECT_GT(r.rms, 2.0 * r.independent) << "test data too easy: the errors are not coherent";
   EXPECT_GT(r.sampled, 0.75 * r.rms) << "the sample underestimates the error";
   EXPECT_LT(r.sampled, 1.35 * r.rms) << "the sample overestimates the error";
@@ -424,47 +459,22 @@ TEST_F(CometPayloadTest, TheWeightRulesBoundMeetsItsTarget) {
   cp->add_kernel_size(1);
   cp->mutable_weight_filler()->set_type("gaussian");
   CometWeightGeometry g;
+  Blob<float> bottom(8, 32, 7, 7);
+  FillPatches(&bottom, 0.05);
+  WeightGradientBench<ConvolutionLayer<float> > bench(lp, bottom, true);
   const double targets[] = {0.01, 0.05, 0.2};
   for (int t = 0; t < 3; ++t) {
-    Blob<float> bottom(8, 32, 7, 7);
-    FillPatches(&bottom, 0.05);
-    Blob<float> top;
-    std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
-    ConvolutionLayer<float> layer(lp);
-    Caffe::set_random_seed(1701);
-    layer.SetUp(bv, tv);
-    GaussianFiller<float>(lp.convolution_param().weight_filler()).Fill(&top);
-    for (int m = 0; m < top.count() / 49; ++m)
-      for (int i = 0; i < 49; ++i) top.mutable_cpu_diff()[m * 49 + i] = top.cpu_data()[m * 49];
-    const std::vector<bool> down(1, false);
-    Blob<float>* w = layer.blobs()[0].get();
-    caffe_set(w->count(), 0.f, w->mutable_cpu_diff());
-    layer.Backward(tv, down, bv);
-    const std::vector<float> exact(w->cpu_diff(), w->cpu_diff() + w->count());
-    double g2 = 0;
-    for (int i = 0; i < w->count(); ++i) g2 += exact[i] * exact[i];
-    const double grad_rms = std::sqrt(g2 / w->count());
-    const double target = targets[t] * grad_rms;
+    const double target = targets[t] * bench.GradientRms();
     // Two measuring iterations, as the store runs them: the ladder around the bound in use.
     double eb = 0.05 / 4;
     for (int step = 0; step < 2; ++step) {
-      const CometErrorSample s = CometSampleInput(bottom.cpu_data(), false, 8, 32, 7, 7, eb,
-                                                  false, g);
       const std::vector<double> ladder = CometLadder(eb);
-      const std::vector<double> errors =
-          CometWeightErrors(s, top.cpu_diff(), false, 8, 7, 7, g, ladder);
+      const std::vector<double> errors = bench.Sampled(g, eb, ladder);
       for (int k = 1; k < errors.size(); ++k) EXPECT_GE(errors[k], errors[k - 1]) << "falling";
       eb = CometBoundForError(ladder, errors, target);
       ASSERT_GT(eb, 0);
     }
-    shared_ptr<CometPayload> p = CometEncodeLossy(bottom.cpu_data(), bottom.shape(), false, eb, "in");
-    std::string error;
-    ASSERT_TRUE(CometDecode(*p, bottom.mutable_cpu_data(), &error)) << error;
-    caffe_set(w->count(), 0.f, w->mutable_cpu_diff());
-    layer.Backward(tv, down, bv);
-    double d2 = 0;
-    for (int i = 0; i < w->count(); ++i) d2 += std::pow(w->cpu_diff()[i] - exact[i], 2);
-    const double achieved = std::sqrt(d2 / w->count());
+    const double achieved = bench.ErrorAt(eb);
     EXPECT_GT(achieved, 0.7 * target) << "target " << targets[t] << ": bound " << eb;
     EXPECT_LT(achieved, 1.3 * target) << "target " << targets[t] << ": bound " << eb;
   }
