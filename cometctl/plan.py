@@ -35,7 +35,6 @@ when it is there (an LMDB's first Datum), else from crop sizes (3 channels assum
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -48,6 +47,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import cometstats
 from .errors import CometError
 from .paths import REPO_ROOT, from_root
 
@@ -541,51 +541,6 @@ def _kill(proc) -> None:
     proc.wait()
 
 
-def read_stats(path: Path) -> tuple[dict | None, list[dict]]:
-    """The store's statistics file (stats_file): the total row and the blob rows of the last iteration
-    it reported. Numbers become floats; (None, []) when there is no such file."""
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
-        return None, []
-    totals = [i for i, r in enumerate(rows) if r.get("layer") == "total"]
-    if not totals:
-        return None, []
-    end = totals[-1]
-    start = totals[-2] + 1 if len(totals) > 1 else 0
-
-    def num(r):
-        out = dict(r)
-        for k, v in r.items():
-            if k not in ("layer", "blob", "kind") and v not in ("", None):
-                try:
-                    out[k] = float(v)
-                except ValueError:
-                    pass
-        return out
-
-    return num(rows[end]), [num(r) for r in rows[start:end]]
-
-
-def total_line_figures(text: str) -> dict:
-    """The last `COMET total:` line of a log in bytes: dense, stored, ratio, tracked_peak and, when the
-    line has them, buffers_dense and buffers_stored ({} when the log has none)."""
-    from .caffelog import parse_comet_items
-
-    lines = re.findall(r"\bCOMET total:\s*(.*)$", text, re.M)
-    if not lines:
-        return {}
-    v = parse_comet_items(lines[-1])
-    mib = 2**20
-    out = {"dense": v.get("activations_before_mb", 0) * mib, "stored": v.get("activations_after_mb", 0) * mib,
-           "ratio": v.get("ratio", 0.0), "tracked_peak": v.get("peak_memory_mb", 0) * mib}
-    if "layer_buffers_before_mb" in v:
-        out["buffers_dense"] = v["layer_buffers_before_mb"] * mib
-        out["buffers_stored"] = v["layer_buffers_after_mb"] * mib
-    return out
-
-
 PLAN_LINE = re.compile(r"\bCOMET plan: blob (?P<blob>.+?) -> (?P<what>.+)$")
 TOPS = re.compile(r"\] (?P<layer>\S+) -> (?P<top>\S+)(?: \(in-place\))?$")
 SETTING_UP = re.compile(r"\] Setting up (?P<layer>\S+)$")
@@ -695,7 +650,7 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
             + (" (out of memory?)" if child.rc == -signal.SIGKILL else "")
         raise CometError(f"caffe train failed at batch {batch} with COMET {mode} ({how}): {_why(text)}; "
                          f"full log: {child.log}")
-    total, rows = read_stats(stats)
+    total, rows = cometstats.last_report(stats)
     if total is None:
         raise CometError(f"the run at batch {batch} (COMET {mode}) wrote no statistics to {stats}: is this "
                          f"caffe the fork with the activation store? log: {child.log}")
@@ -713,7 +668,7 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
         parts["mapped"] = parts["untracked"] = 0.0
         peak = tracked + history
     info = read_log(text)
-    figures = total_line_figures(text)
+    figures = cometstats.figures(total)
     per_step = {"activations_dense": total.get("dense_bytes", 0.0), "activations_stored": total.get("stored_bytes", 0.0),
                 "buffers_dense": figures.get("buffers_dense", 0.0), "buffers_stored": figures.get("buffers_stored", 0.0),
                 "pool_cached": info["pool_cached"] or 0.0}

@@ -2,7 +2,8 @@
 
 Written into <RUN_DIR>/report/ (or --out):
   train.csv, test.csv   upstream parse_log.py's columns: NumIters, Seconds, LearningRate, <outputs...>
-  comet.csv             one row per COMET statistics line: NumIters, Seconds, layer, ratio, eb, ...
+  comet.csv             one row per COMET figure line: NumIters, Seconds, layer, ratio, eb, ... (from the
+                        store's exact <prefix>_comet.csv in snapshots/ when there is one, else the log)
   loss.png, accuracy.png, comet_ratio.png, comet_eb.png, comet_memory.png, comet_time.png
 Only what the log contains is written: a run without COMET lines gets no comet files, a log without
 test outputs no test.csv or accuracy plot. With --compare, the plots show both runs on the same axes.
@@ -15,6 +16,7 @@ import math
 import os
 from pathlib import Path
 
+from . import cometstats
 from .caffelog import LogParser, parse_file
 from .errors import CometError
 from .ui import console
@@ -74,6 +76,18 @@ class _Run:
         self.train = self.parser.train_rows()
         self.test = self.parser.test_rows()
         self.comet = self.parser.comet
+        self.comet_source = self.log
+        stats = cometstats.find(self.log.parent) if self.log.name in ("caffe.log", "caffe.INFO") else None
+        rows = cometstats.read(stats) if stats else None
+        if rows:
+            # the store's exact figures; the log gives each iteration's time and the lines the file
+            # does not hold (the memory pool's counts)
+            seconds = {r["NumIters"]: r["Seconds"] for r in self.comet + self.train}
+            from_csv = cometstats.as_log_rows(rows, seconds)
+            named = {r["layer"] for r in from_csv}
+            self.comet = from_csv + [r for r in self.comet if r["layer"] not in named]
+            self.comet.sort(key=lambda r: r["NumIters"])
+            self.comet_source = stats
 
     def layers(self) -> list[str]:
         out: list[str] = []

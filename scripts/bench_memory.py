@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cometctl import paths, plan  # noqa: E402
+from cometctl import cometstats, paths, plan  # noqa: E402
 
 COMET_BLOCK = """comet {
   eb_mode: ADAPTIVE
@@ -105,6 +105,7 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
 def run(caffe: Path, workdir: Path, name: str, net_text: str, comet: str | None, iters: int, gpu):
     net = workdir / f"{name}.prototxt"
     net.write_text(net_text)
+    (workdir / f"{name}_comet.csv").unlink(missing_ok=True)  # the store appends: no earlier run's rows
     solver = workdir / f"{name}_solver.prototxt"
     solver.write_text(
         f'net: "{net}"\nbase_lr: 0.001\nmomentum: 0.9\nweight_decay: 0.0005\nlr_policy: "fixed"\n'
@@ -127,8 +128,11 @@ def iteration_times(text: str) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-# the store's `COMET total:` line in bytes (dense, stored, ratio, tracked_peak, buffers_dense, buffers_stored)
-comet_figures = plan.total_line_figures
+def comet_figures(workdir: Path, name: str) -> dict:
+    """The store's last total row (<prefix>_comet.csv, prefix = workdir/name) in bytes: dense, stored,
+    ratio, tracked_peak, buffers_dense, buffers_stored ({} for a run without COMET)."""
+    total, _ = cometstats.last_report(workdir / f"{name}_comet.csv")
+    return cometstats.figures(total)
 
 
 def mb(x: float) -> str:
@@ -180,7 +184,7 @@ def main() -> int:
                             "}", f"  memory_pool_headroom: {args.pool_headroom}\n}}")
                     text, rss, cpu = run(caffe, work, name, net, block, args.warmup + args.iters, args.gpu)
                     times = iteration_times(text)[args.warmup - 1 if args.warmup else 0:]
-                    fig = comet_figures(text)
+                    fig = comet_figures(work, name)
                     r = runs[comet]
                     r["times"] += times
                     r["rss"] = max(r["rss"], rss)

@@ -112,6 +112,38 @@ def test_report_writes_csvs_and_plots(tmp_path):
     assert "  total: ratio 9.8x, 6.6 ms" in lines
 
 
+STORE_CSV = ("iter,layer,blob,kind,ratio,eb,ms,dense_bytes,stored_bytes,peak_bytes,weights_bytes,"
+             "activations_bytes,gradients_bytes,compressed_bytes,scratch_bytes,buffers_dense_bytes,"
+             "buffers_stored_bytes\n"
+             "10,conv2,pool1,lossy,4.89343,0.00312,4.25,1605632,328120,,,,,,,,\n"
+             "10,relu1,conv1,mask,32,0,3,6422528,200704,,,,,,,,\n"
+             "10,total,,total,9.87654,,,8028160,528824,9437184,1048576,6291456,1048576,524288,524288,"
+             "2097152,131072\n")
+
+
+def test_a_run_with_the_stores_csv_reports_its_exact_figures(tmp_path):
+    """The store's <prefix>_comet.csv in snapshots/ is what report reads for COMET (the log's lines are
+    rounded); the log still gives each iteration's time and the lines the file does not hold."""
+    (tmp_path / "caffe.log").write_text(fake_log().replace(
+        "COMET total: ratio 9.8x", "COMET memory pool: reused 4, allocated 22, returned 5, cached 9.2 MB\n"
+        "I1130 10:00:05.000000  4242 comet.cpp:99] COMET total: ratio 9.8x"))
+    (tmp_path / "snapshots").mkdir()
+    (tmp_path / "snapshots" / "m_comet.csv").write_text(STORE_CSV)
+    report(tmp_path)
+    rows = _csv(tmp_path / "report" / "comet.csv")
+    conv2 = [r for r in rows if r["layer"] == "conv2"]
+    assert [(r["NumIters"], float(r["ratio"]), float(r["eb"]), float(r["time_ms"])) for r in conv2] == \
+        [("10", 4.89343, 0.00312, 4.25)]  # the file's, not the log's three rounded lines
+    assert float(conv2[0]["Seconds"]) == pytest.approx(5.0)  # iteration 10's time, from the log
+    (total,) = [r for r in rows if r["layer"] == "total"]
+    assert float(total["ratio"]) == 9.87654
+    assert float(total["activations_before_mb"]) * 2**20 == 8028160
+    assert float(total["layer_buffers_before_mb"]) == 2.0 and float(total["layer_buffers_after_mb"]) == 0.125
+    assert float(total["peak_memory_mb"]) == 9.0
+    assert any(r["layer"] == "memory pool" for r in rows)  # only the log has it
+    assert (tmp_path / "report" / "comet_memory.png").read_bytes()[:8] == PNG
+
+
 def test_log_without_comet_lines_plots_only_what_exists(tmp_path):
     (tmp_path / "caffe.log").write_text(fake_log(comet=False))
     names = {p.name for p in report(tmp_path)}
@@ -193,3 +225,10 @@ def test_report_of_a_real_comet_run(tmp_path, wf_pb2, wf_synthetic):
     assert all(float(r["ratio"]) > 1 for r in total)
     assert all(float(r["activations_after_mb"]) < float(r["activations_before_mb"]) for r in total)
     assert all(0 < float(r["eb"]) <= 0.1 for r in rows if r["layer"] == "conv2")
+    # the figures are the store's own file's, unrounded
+    from cometctl import cometstats
+
+    store = cometstats.read(cometstats.find(tmp_path / "run"))
+    assert [float(r["ratio"]) for r in rows if r["layer"] == "conv2"] == \
+        [r["ratio"] for r in store if r["layer"] == "conv2"]
+    assert any(r["layer"] == "total" and "buffers_dense_bytes" in r for r in store)

@@ -17,6 +17,9 @@
 
 namespace caffe {
 
+// The weight rule's bound stays at most this times the RMS of its sampled input.
+const double kCometBoundPerInputRms = 0.5;
+
 template <typename Dtype>
 class CometBounds {
  public:
@@ -59,8 +62,19 @@ class CometBounds {
   std::vector<CometErrorSample> errors_;  // bound -> its input's sample, this measuring iteration
   struct Ladder {
     std::vector<double> bounds, errors;  // the weight rule's RMS errors at these bounds
+    double input_rms = 0;  // of the sampled input values
   };
   std::vector<Ladder> ladder_;       // layer -> measured before its backward
+  // The weight rule's drift: a bound is picked from one batch's curve and used on the batches
+  // until the next measurement, whose curve can lie higher. Per bound: the last curve (errors
+  // relative to the gradient's RMS) and the margin its successors have needed (>= 1).
+  struct Drift {
+    Drift() : margin(1) {}
+    Ladder last;
+    double margin;
+  };
+  std::vector<Drift> drift_;
+  double DriftMargin(int b, const Ladder& now, double grad_rms);  // updates drift_[b]
   std::set<std::string> settled_;    // bounds measured (or restored) once: they grow at most 2x
 };
 

@@ -80,6 +80,23 @@ std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy
 double CometBoundForError(const std::vector<double>& bounds, const std::vector<double>& errors,
                           double target);
 
+// The error that curve gives at bound eb, as CometBoundForError reads it (its inverse): -1 where
+// the errors say nothing.
+double CometErrorAt(const std::vector<double>& bounds, const std::vector<double>& errors,
+                    double eb);
+
+// A bound picked from one batch's curve is used on the batches until the next measurement, whose
+// curve can lie higher: the weight rule aims at target / margin. Given the margin so far and the
+// error the last curve predicted at the bound in effect against what this one measured there
+// (both relative to their step's gradient), the next margin: the largest surprise seen, its excess
+// shrinking by a quarter in log per measurement (m^0.75), so one surprise keeps a layer careful
+// for several updates; within [1, kCometMaxDriftMargin] (a bound then shrinks by m^(1/s) on a
+// curve of log-log slope s). GoogLeNet at batch 32: inception_5b/3x3's error at a fixed bound
+// moved 11x from one step to the next; with the excess halved each time (m^0.5) instead,
+// inception_4d/5x5 still reached 15% (docs/comet.md#the-weight-rule-measured).
+const double kCometMaxDriftMargin = 16;
+double CometDriftMargin(double margin, double predicted, double measured);
+
 // Copies `rows` runs of `width` floats from src + offset + r * pitch (host or device memory) into
 // one host array: how a channel block of an N x C x ... blob is read without touching the rest.
 std::vector<float> CometGatherRows(const float* src, bool on_device, int rows, size_t pitch,

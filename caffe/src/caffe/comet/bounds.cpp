@@ -26,6 +26,7 @@ void CometBounds<Dtype>::Reset(const CometPlan& plan) {
   measured_.assign(bound_of_layer_.size(), 0);
   ladder_.assign(bound_of_layer_.size(), Ladder());
   errors_.assign(bounds_.size(), CometErrorSample());
+  drift_.resize(bounds_.size());
 }
 
 template <typename Dtype>
@@ -166,6 +167,9 @@ void CometBounds<Dtype>::MeasureWeightErrors(int layer) {
     int num, channels, height, width;
     Maps(l->layer_param(), tops[0]->shape(), &num, &channels, &height, &width);
     ladder.bounds = CometLadder(sample.eb);
+    double sq = 0;
+    for (size_t i = 0; i < sample.x.size(); ++i) sq += static_cast<double>(sample.x[i]) * sample.x[i];
+    ladder.input_rms = std::sqrt(sq / std::max<size_t>(sample.x.size(), 1));
     ladder.errors = CometWeightErrors(sample, dy, dev, channels, height, width, g, ladder.bounds);
   } else {
     double s = 0;
@@ -225,14 +229,37 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
       // Where the curve is steeper than quadratic (the bound nears the activations' size and
       // most of them round to 0), a small change of the activations moves the error a lot: the
       // bound then also stays at half the one with 4x the error.
-      const double target = param_.adaptive_target() * grad_rms;
+      const double margin = DriftMargin(bound_of_layer_[layer], ladder, grad_rms);
+      const double target = param_.adaptive_target() * grad_rms / margin;
       double eb = CometBoundForError(ladder.bounds, ladder.errors, target);
       const double steep = CometBoundForError(ladder.bounds, ladder.errors, 4 * target);
       if (steep > 0) eb = std::min(eb, steep / 2);
+      // A bound near the input's size rounds most values to 0 or one step: the error is then a
+      // coarse function of each batch's values, and a curve measured on one batch says little
+      // about the next (GoogLeNet at batch 32: inception_5b/5x5 at 1.6x its input's RMS, 51% on
+      // the next step; every bound at most 0.62x its input's RMS, at most 6.3%).
+      if (ladder.input_rms > 0) eb = std::min(eb, kCometBoundPerInputRms * ladder.input_rms);
       if (eb > 0 && std::isfinite(eb)) Clamped(&bd, eb);
     }
     ladder = Ladder();
   }
+}
+
+// The weight rule's margin (CometDriftMargin) from this curve and the last, both relative to
+// their step's gradient, at the bound in effect: the ladder's middle, where the last pick was used.
+template <typename Dtype>
+double CometBounds<Dtype>::DriftMargin(int b, const Ladder& now, double grad_rms) {
+  Drift& d = drift_[b];
+  Ladder rel = now;
+  for (int i = 0; i < rel.errors.size(); ++i) rel.errors[i] /= grad_rms;
+  const double at = rel.bounds[kCometLadderSteps];
+  const double before = CometErrorAt(d.last.bounds, d.last.errors, at);
+  const double after = CometErrorAt(rel.bounds, rel.errors, at);
+  d.margin = CometDriftMargin(d.margin, before, after);
+  d.last = rel;
+  VLOG(1) << "COMET: " << bounds_[b].layer << " at eb " << at << ": weight error " << after
+          << " of the gradient (predicted " << before << "), margin " << d.margin << "; input RMS " << now.input_rms;
+  return d.margin;
 }
 
 // LRN across channels: dx_i = dy_i s_i^-b - (2 a b / n) x_i sum_j dy_j y_j / s_j over the n
@@ -303,6 +330,13 @@ void CometBounds<Dtype>::Save(const std::string& filename, int iter) const {
     CometState::LayerBound* lb = state.add_bound();
     lb->set_layer(bounds_[b].layer);
     lb->set_error_bound(bounds_[b].eb);
+    if (b < drift_.size() && !drift_[b].last.bounds.empty()) {  // an exact resume needs them
+      lb->set_margin(drift_[b].margin);
+      for (int i = 0; i < drift_[b].last.bounds.size(); ++i) {
+        lb->add_curve_bound(drift_[b].last.bounds[i]);
+        lb->add_curve_error(drift_[b].last.errors[i]);
+      }
+    }
   }
   LOG(INFO) << "COMET: saving error bounds to " << filename;
   WriteProtoToTextFile(state, filename);
@@ -325,22 +359,36 @@ void CometBounds<Dtype>::Load(const std::string& solverstate_filename, int iter)
                ", the solver state to iteration " + CometNum(iter));
   int restored = 0;
   for (int i = 0; i < state.bound_size(); ++i) {
-    const float eb = state.bound(i).error_bound();
+    const CometState::LayerBound& lb = state.bound(i);
+    const float eb = lb.error_bound();
     if (!(eb > 0) || !std::isfinite(eb))
-      CometFatal("COMET: bad error bound " + CometNum(eb) + " for layer " + state.bound(i).layer() +
+      CometFatal("COMET: bad error bound " + CometNum(eb) + " for layer " + lb.layer() +
                  " in " + filename);
+    bool curve_ok = lb.curve_bound_size() == lb.curve_error_size() &&
+                    (!lb.has_margin() || (lb.margin() >= 1 && lb.margin() <= 16));
+    for (int k = 0; k < lb.curve_bound_size(); ++k)
+      curve_ok = curve_ok && lb.curve_bound(k) > 0 && std::isfinite(lb.curve_bound(k)) &&
+                 lb.curve_error(k) >= 0 && std::isfinite(lb.curve_error(k));
+    if (!curve_ok)
+      CometFatal("COMET: bad weight-rule curve or margin for layer " + lb.layer() + " in " +
+                 filename);
     bool known = false;
     for (int b = 0; b < bounds_.size(); ++b) {
-      if (bounds_[b].layer != state.bound(i).layer()) continue;
+      if (bounds_[b].layer != lb.layer()) continue;
       known = true;
       if (!bounds_[b].fixed) {
         bounds_[b].eb = eb;
         settled_.insert(bounds_[b].layer);
+        Drift& d = drift_[b];
+        d = Drift();
+        if (lb.has_margin()) d.margin = lb.margin();
+        d.last.bounds.assign(lb.curve_bound().begin(), lb.curve_bound().end());
+        d.last.errors.assign(lb.curve_error().begin(), lb.curve_error().end());
         ++restored;
       }
     }
     if (!known)
-      CometFatal("COMET: " + filename + " has a bound for layer " + state.bound(i).layer() +
+      CometFatal("COMET: " + filename + " has a bound for layer " + lb.layer() +
                  ", which this net does not store lossy (another net's state?)");
   }
   LOG(INFO) << "COMET: restored " << restored << " error bounds from " << filename;

@@ -223,6 +223,33 @@ double CometBoundForError(const std::vector<double>& bounds, const std::vector<d
                Clamp14(Slope(bounds[n - 2], up[n - 2], bounds[n - 1], up[n - 1])), target);
 }
 
+double CometErrorAt(const std::vector<double>& bounds, const std::vector<double>& errors,
+                    double eb) {
+  const int n = bounds.size();
+  if (n < 2 || !(eb > 0)) return -1;
+  std::vector<double> up(errors);  // the same running maximum CometBoundForError solves
+  for (int i = 0; i < n; ++i) {
+    if (!(up[i] > 0) || !std::isfinite(up[i])) return -1;
+    if (i > 0) up[i] = std::max(up[i], up[i - 1]);
+  }
+  if (eb <= bounds[0])
+    return up[0] * std::exp(Clamp14(Slope(bounds[0], up[0], bounds[1], up[1])) *
+                            std::log(eb / bounds[0]));
+  for (int i = 0; i + 1 < n; ++i)
+    if (eb <= bounds[i + 1])
+      return up[i] * std::exp(Slope(bounds[i], up[i], bounds[i + 1], up[i + 1]) *
+                              std::log(eb / bounds[i]));
+  return up[n - 1] * std::exp(Clamp14(Slope(bounds[n - 2], up[n - 2], bounds[n - 1], up[n - 1])) *
+                              std::log(eb / bounds[n - 1]));
+}
+
+double CometDriftMargin(double margin, double predicted, double measured) {
+  double m = std::pow(std::max(margin, 1.), 0.75);
+  if (predicted > 0 && measured > 0 && std::isfinite(predicted) && std::isfinite(measured))
+    m = std::max(m, measured / predicted);
+  return std::min(std::max(m, 1.), kCometMaxDriftMargin);
+}
+
 std::vector<float> CometGatherRows(const float* src, bool on_device, int rows, size_t pitch,
                                    size_t offset, size_t width) {
   std::vector<float> out(static_cast<size_t>(rows) * width);

@@ -64,6 +64,17 @@ void CometStatistics<Dtype>::Sample(const std::vector<CometEntry>& entries,
   }
 }
 
+namespace {
+// <prefix>_comet.csv: one row per entry (layer = the entry's name, kind = its action), then a
+// "total" row: dense and stored bytes of the net's blobs, the tracked peak and its split by kind
+// (at the peak), and the layers' private buffers dense and stored. `cometctl report` and the
+// benchmarks read these columns by name.
+const char kCsvHeader[] =
+    "iter,layer,blob,kind,ratio,eb,ms,dense_bytes,stored_bytes,peak_bytes,weights_bytes,"
+    "activations_bytes,gradients_bytes,compressed_bytes,scratch_bytes,buffers_dense_bytes,"
+    "buffers_stored_bytes";
+}  // namespace
+
 template <typename Dtype>
 void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) {
   last_report_iter_ = iter;
@@ -72,14 +83,26 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
   const bool root = Caffe::root_solver();
   if (root && !path_.empty() && !csv_.is_open()) {
     std::ifstream exists(path_.c_str());
-    const bool fresh = !exists.good();
+    bool fresh = !exists.good();
+    std::string header;
+    if (!fresh && std::getline(exists, header) && header != kCsvHeader) {
+      // Another build's columns (a run resumed with a newer fork): their rows stay in a file of
+      // their own rather than under a header that names other columns.
+      std::string kept = path_ + ".old";
+      for (int n = 2; std::ifstream(kept.c_str()).good(); ++n) kept = path_ + "." + CometNum(n) + ".old";
+      if (std::rename(path_.c_str(), kept.c_str()) == 0) {
+        LOG(WARNING) << "COMET: " << path_ << " has other columns; kept as " << kept
+                     << ", statistics start over in " << path_;
+        fresh = true;
+      }
+    }
+    exists.close();
     csv_.open(path_.c_str(), std::ios::app);
     if (!csv_.good()) {
       LOG(WARNING) << "COMET: cannot write statistics to " << path_;
       path_.clear();
     } else if (fresh) {
-      csv_ << "iter,layer,blob,kind,ratio,eb,ms,dense_bytes,stored_bytes,peak_bytes,"
-                "weights_bytes,activations_bytes,gradients_bytes,compressed_bytes,scratch_bytes\n";
+      csv_ << kCsvHeader << "\n";
     }
   }
   for (int i = 0; i < entries->size(); ++i) {
@@ -118,7 +141,7 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
       if (csv_.is_open()) {
         csv_ << iter << "," << e.name << "," << e.blob << "," << CometActions::ActionName(e.action) << ","
                << e.last_ratio << "," << e.last_eb << "," << e.last_ms << "," << e.last_dense
-               << "," << e.last_stored << ",,,,,,\n";
+               << "," << e.last_stored << ",,,,,,,,\n";
       }
     }
     e.dense_bytes = e.stored_bytes = e.encode_ms = e.eb_sum = 0;
@@ -154,7 +177,8 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
            << static_cast<size_t>(dense) << "," << static_cast<size_t>(stored) << ","
            << m.peak_total;
     for (int k = 0; k < CometMemory::NUM_KINDS; ++k) csv_ << "," << m.at_peak[k];
-    csv_ << "\n";
+    csv_ << "," << static_cast<size_t>(private_dense) << "," << static_cast<size_t>(private_stored)
+         << "\n";
     csv_.flush();
   }
 }

@@ -1,13 +1,16 @@
 // COMET-Caffe: tests of the activation store, its payloads and its error bounds (CPU).
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -498,6 +501,40 @@ TEST_F(CometPayloadTest, BoundForErrorSolvesTheMeasuredCurve) {
   EXPECT_LT(CometBoundForError(b, e, b[5]), b[4]);
   e[4] = 0;
   EXPECT_EQ(CometBoundForError(b, e, 1.0), -1);
+}
+
+// CometErrorAt reads the curve as CometBoundForError solves it: each is the other's inverse, on
+// the ladder, between its rungs and beyond them.
+TEST_F(CometPayloadTest, ErrorAtIsTheInverseOfBoundForError) {
+  const std::vector<double> b = CometLadder(0.1);
+  std::vector<double> e(b.size());
+  for (int i = 0; i < b.size(); ++i) e[i] = 0.3 * std::pow(b[i], 1.5 + 0.2 * i);  // steepening
+  const double probes[] = {1e-4, 0.0125, 0.03, 0.1, 0.37, 0.8, 5};
+  for (int p = 0; p < 7; ++p) {
+    const double err = CometErrorAt(b, e, probes[p]);
+    ASSERT_GT(err, 0) << probes[p];
+    EXPECT_NEAR(CometBoundForError(b, e, err) / probes[p], 1, 1e-9) << probes[p];
+  }
+  EXPECT_NEAR(CometErrorAt(b, e, b[2]), e[2], 1e-12);
+  e[3] = 0;
+  EXPECT_EQ(CometErrorAt(b, e, 0.1), -1);
+}
+
+// The drift margin: a surprise (the next curve 4x above the last at the same bound) sets it, it
+// shrinks by a quarter in log per measurement without a new one, never below 1 nor above 16, and
+// a measurement that says nothing only lets it shrink.
+TEST_F(CometPayloadTest, DriftMarginFollowsTheSurprisesItMeasured) {
+  double m = CometDriftMargin(1, 0.05, 0.2);
+  EXPECT_NEAR(m, 4, 1e-12);
+  m = CometDriftMargin(m, 0.05, 0.04);  // the next curve lower: only the decay
+  EXPECT_NEAR(m, std::pow(4., 0.75), 1e-12);
+  m = CometDriftMargin(m, 0.05, 0.15);  // a new, larger surprise than what is left
+  EXPECT_NEAR(m, 3, 1e-12);
+  for (int i = 0; i < 40; ++i) m = CometDriftMargin(m, 0.05, 0.01);
+  EXPECT_NEAR(m, std::pow(3., std::pow(0.75, 40)), 1e-12);  // back to about 1 (1.00001)
+  EXPECT_EQ(CometDriftMargin(1, 0.01, 100), kCometMaxDriftMargin);
+  EXPECT_NEAR(CometDriftMargin(4, -1, 0.2), std::pow(4., 0.75), 1e-12);   // no last curve
+  EXPECT_NEAR(CometDriftMargin(4, 0.05, NAN), std::pow(4., 0.75), 1e-12);
 }
 
 // ReLU's backward only asks whether its input was positive: restored from a mask, its gradient
@@ -1156,12 +1193,44 @@ TEST_F(CometStoreTest, ReportsWithRatiosAndWritesStats) {
   EXPECT_GE(reported, 2);  // pool1 for conv2, conv2 for ip1
   std::ifstream csv((prefix_ + "_comet.csv").c_str());
   ASSERT_TRUE(csv.good());
-  std::string header, line;
+  std::string header, line, total;
   std::getline(csv, header);
   EXPECT_EQ(header.find("iter,layer,blob,kind,ratio,eb"), 0u);
+  EXPECT_NE(header.find(",buffers_dense_bytes,buffers_stored_bytes"), std::string::npos) << header;
+  const int columns = std::count(header.begin(), header.end(), ',');
   int rows = 0;
-  while (std::getline(csv, line)) ++rows;
+  while (std::getline(csv, line)) {
+    ++rows;
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), columns) << line;
+    if (line.find(",total,") != std::string::npos) total = line;
+  }
   EXPECT_GE(rows, 3 * (reported + 1));
+  // The total row's figures are the store's: dense and stored bytes of the blobs, the peak.
+  std::vector<std::string> cells;
+  std::stringstream split(total);
+  for (std::string c; std::getline(split, c, ',');) cells.push_back(c);
+  ASSERT_GE(cells.size(), 10u) << total;
+  EXPECT_GT(atof(cells[7].c_str()), atof(cells[8].c_str())) << "dense > stored: " << total;
+  EXPECT_EQ(static_cast<size_t>(atof(cells[9].c_str())), on->comet()->memory().peak_total);
+}
+
+// A statistics file with other columns (a run resumed with a newer fork) is kept aside, not
+// appended to under a header that names other columns.
+TEST_F(CometStoreTest, StatsOfAnotherHeaderAreKeptAside) {
+  const std::string path = prefix_ + "_comet.csv";
+  {
+    std::ofstream old(path.c_str());
+    old << "iter,layer,ratio\n0,total,2\n";
+  }
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-2 }");
+  Run(on.get(), 1);
+  std::ifstream kept((path + ".old").c_str());
+  std::string line;
+  ASSERT_TRUE(static_cast<bool>(std::getline(kept, line)));
+  EXPECT_EQ(line, "iter,layer,ratio");
+  std::ifstream now(path.c_str());
+  ASSERT_TRUE(static_cast<bool>(std::getline(now, line)));
+  EXPECT_EQ(line.find("iter,layer,blob,kind,ratio,eb"), 0u);
 }
 
 TEST_F(CometStoreTest, NaNInAnActivationIsKeptNotLostNorACrash) {
