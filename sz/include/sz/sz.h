@@ -131,7 +131,7 @@ SZ_API int sz_peek_header(const void* header, size_t header_size, sz_header_info
 /* ---- CUDA backend (SZ_ERR_CUDA when built without it) ----------------------------------
  * Buffers are device pointers; stream is a cudaStream_t (NULL = legacy default stream).
  * scratch is caller-provided device memory of at least sz_device_scratch_size(n) bytes
- * (about n / 10 bytes); the hot path allocates nothing. The functions enqueue their work on
+ * (about n / 6 bytes); the hot path allocates nothing. The functions enqueue their work on
  * the stream and synchronise it once at the end to report the size / status to the host.
  * Device streams use no lossless stage (SZ_LOSSLESS_NONE); the host decoder reads them,
  * and the device decoder reads host streams made with SZ_LOSSLESS_NONE.
