@@ -5,9 +5,12 @@
 // decoders (the input must be exactly one stream). The rest is the candidate stream. The
 // decoder must return an error or SZ_OK, never crash or read out of bounds (built with
 // ASan + UBSan); a prefix read that succeeds must report the stream's size and decode the
-// same values as a strict read of exactly that many bytes.
+// same values as a strict read of exactly that many bytes. Strict reads also run the device
+// decoder's steps as CPU loops (device_twin.h): the same verdict and, for a stream without
+// the lossless stage, the same values as the host decoder, inside the same bounds.
 #include "sz/sz.h"
 #include "format.h"
+#include "device_twin.h"
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
@@ -56,12 +59,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     float* out = (float*)malloc(m ? 4 * m : 4);
     int st = sz_decompress_host_ex(s, n, out, m, 1);
     if (st != SZ_OK && st >= 0) abort();
+    if (info.lossless == SZ_LOSSLESS_NONE) {
+      float* twin = (float*)malloc(m ? 4 * m : 4);
+      if (szi::twin_decompress(s, n, twin, m) != st) abort();
+      if (st == SZ_OK && m && memcmp(out, twin, 4 * m) != 0) abort();
+      free(twin);
+    }
     free(out);
   } else {
     float small[8];
     // sz_read_header refused it (or it is large): the strict decoder makes the same checks
     int st = sz_decompress_host_ex(s, n, small, 8, 1);
     if (st >= 0) abort();
+    if (szi::twin_decompress(s, n, small, 8) >= 0) abort();
   }
   free(s);
   return 0;

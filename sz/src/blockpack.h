@@ -40,6 +40,15 @@ SZ_HD uint32_t block_data_size(uint16_t desc, int L) {
   return (nnz < (uint32_t)L ? 4u : 0u) + (signs ? (nnz + 7) / 8 : 0u) + (nnz * k + 7) / 8;
 }
 
+SZ_HD uint32_t magnitude(int32_t v) { return v < 0 ? (uint32_t)0 - (uint32_t)v : (uint32_t)v; }
+
+// Mask of the nonzero codes.
+SZ_HD uint32_t nonzero_bitmap(const int32_t* code, int L) {
+  uint32_t m = 0;
+  for (int i = 0; i < L; ++i) m |= (uint32_t)(code[i] != 0) << i;
+  return m;
+}
+
 struct CodeStats {
   uint32_t bitmap;  // nonzero codes
   int nnz;
@@ -55,14 +64,13 @@ SZ_HD CodeStats code_stats(const int32_t* c, int L) {
   for (int i = 0; i < L; ++i) {
     int32_t v = c[i];
     uint32_t nz = v != 0;
-    uint32_t mag = v < 0 ? (uint32_t)0 - (uint32_t)v : (uint32_t)v;
-    orm |= mag - nz;  // |c| - 1 for nonzeros, 0 for zeros
+    orm |= magnitude(v) - nz;  // |c| - 1 for nonzeros, 0 for zeros
     nnz += (int)nz;
     neg |= (uint32_t)v >> 31;
   }
   uint32_t bitmap = 0;
   if (nnz != 0 && nnz != L)
-    for (int i = 0; i < L; ++i) bitmap |= (uint32_t)(c[i] != 0) << i;
+    bitmap = nonzero_bitmap(c, L);
   else if (nnz == L)
     bitmap = L == 32 ? 0xFFFFFFFFu : ((1u << L) - 1u);
   return CodeStats{bitmap, nnz, orm, neg != 0};
@@ -73,6 +81,65 @@ SZ_HD uint16_t make_desc(const CodeStats& s, int pred) {
   return (uint16_t)(bit_width32(s.maxm) | (pred << 5) | ((s.neg ? 1 : 0) << 6) | (s.nnz << 7));
 }
 
+// Appends k-bit fields LSB first: 32-bit words while they fill, the rest at flush().
+struct FieldWriter {
+  uint8_t* o;
+  uint64_t acc = 0;
+  int nb = 0;
+  SZ_HD void put(uint32_t v, int k) {
+    acc |= (uint64_t)v << nb;  // nb < 32 and k <= 31: no overflow
+    nb += k;
+    if (nb >= 32) { store_u32le(o, (uint32_t)acc); o += 4; acc >>= 32; nb -= 32; }
+  }
+  SZ_HD void flush() { for (; nb > 0; nb -= 8) { *o++ = (uint8_t)acc; acc >>= 8; } }
+};
+
+// Writes the data bytes of a coded block (descriptor neither zero nor raw) from its codes and
+// their nonzero mask: [bitmap][signs][fields].
+template <bool kCompact = kCompactDefault>
+SZ_HD void pack_codes(const int32_t* code, int L, uint16_t desc, uint32_t bitmap, uint8_t* out) {
+  const int k = desc & 31, nnz = (desc >> 7) & 63;
+  const bool neg = (desc >> 6) & 1;
+  uint8_t* o = out;
+  if (nnz < L) { store_u32le(o, bitmap); o += 4; }
+  uint32_t sign = 0;
+  if (kCompact) {
+    // gather the nonzero codes (branch-free), then pack fixed-width fields
+    // slot of element i = number of nonzeros before it: no loop-carried dependency; a zero
+    // writes a slot that the next nonzero (or the spare last slot) overwrites
+    uint32_t mags[kBlock + 1];
+    for (int i = 0; i < L; ++i) {
+      int32_t v = code[i];
+      int j = popc32(bitmap & ((2u << i) - 1u)) - (int)(v != 0);
+      mags[j] = magnitude(v) - 1u;
+      sign |= (uint32_t)(v < 0) << j;
+    }
+    if (neg)
+      for (int b = 0; b < (nnz + 7) / 8; ++b) *o++ = (uint8_t)(sign >> (8 * b));
+    FieldWriter fw{o};
+    if (k)
+      for (int t = 0; t < nnz; ++t) fw.put(mags[t], k);
+    fw.flush();
+  } else {
+    int j = 0;
+    for (int i = 0; i < L; ++i) {
+      sign |= (uint32_t)(code[i] < 0) << j;
+      j += code[i] != 0;
+    }
+    if (neg)
+      for (int b = 0; b < (nnz + 7) / 8; ++b) *o++ = (uint8_t)(sign >> (8 * b));
+    FieldWriter fw{o};
+    if (k)
+      for (int i = 0; i < L; ++i)
+        if (code[i] != 0) fw.put(magnitude(code[i]) - 1u, k);
+    fw.flush();
+  }
+}
+
+SZ_HD void store_raw(const float* x, int L, uint8_t* out) {
+  for (int i = 0; i < L; ++i) store_u32le(out + 4 * i, f2u(x[i]));
+}
+
 // Encodes one block. Writes the descriptor to *desc and, when out != nullptr, the data
 // bytes to out. Returns the number of data bytes.
 template <bool kCompact = kCompactDefault>
@@ -81,8 +148,7 @@ SZ_HD uint32_t encode_block(const float* x, int L, uint64_t row_pos, uint64_t W,
   int32_t q[kBlock], c[kBlock];
   if (!quantize_block(x, L, p, q)) {
     *desc = kDescRaw;
-    if (out)
-      for (int i = 0; i < L; ++i) store_u32le(out + 4 * i, f2u(x[i]));
+    if (out) store_raw(x, L, out);
     return 4u * (uint32_t)L;
   }
   CodeStats s0 = code_stats(q, L);
@@ -92,61 +158,54 @@ SZ_HD uint32_t encode_block(const float* x, int L, uint64_t row_pos, uint64_t W,
   uint16_t d0 = make_desc(s0, kPredNone), d1 = make_desc(s1, kPredLorenzo);
   uint32_t z0 = block_data_size(d0, L), z1 = block_data_size(d1, L);
   bool use1 = z1 < z0;
-  const CodeStats& s = use1 ? s1 : s0;
   *desc = use1 ? d1 : d0;
   uint32_t size = use1 ? z1 : z0;
   if (!out) return size;
   int32_t code[kBlock];
   for (int i = 0; i < L; ++i) code[i] = use1 ? c[i] : q[i];
-  uint8_t* o = out;
-  if (s.nnz < L) { store_u32le(o, s.bitmap); o += 4; }
-  const int k = bit_width32(s.maxm);
-  uint64_t acc = 0;
-  int nb = 0;
-  if (kCompact) {
-    // gather the nonzero codes (branch-free), then pack fixed-width fields
-    // slot of element i = number of nonzeros before it: no loop-carried dependency; a zero
-    // writes a slot that the next nonzero (or the spare last slot) overwrites
-    uint32_t mags[kBlock + 1], sign = 0;
-    for (int i = 0; i < L; ++i) {
-      int32_t v = code[i];
-      int j = popc32(s.bitmap & ((2u << i) - 1u)) - (int)(v != 0);
-      uint32_t mag = v < 0 ? (uint32_t)0 - (uint32_t)v : (uint32_t)v;
-      mags[j] = mag - 1u;
-      sign |= (uint32_t)(v < 0) << j;
-    }
-    if (s.neg)
-      for (int b = 0; b < (s.nnz + 7) / 8; ++b) *o++ = (uint8_t)(sign >> (8 * b));
-    if (k) {
-      for (int t = 0; t < s.nnz; ++t) {
-        acc |= (uint64_t)mags[t] << nb;  // nb < 32 and k <= 31: no overflow
-        nb += k;
-        if (nb >= 32) { store_u32le(o, (uint32_t)acc); o += 4; acc >>= 32; nb -= 32; }
-      }
-    }
-  } else {
-    uint32_t sign = 0;
-    int j = 0;
-    for (int i = 0; i < L; ++i) {
-      sign |= (uint32_t)(code[i] < 0) << j;
-      j += code[i] != 0;
-    }
-    if (s.neg)
-      for (int b = 0; b < (s.nnz + 7) / 8; ++b) *o++ = (uint8_t)(sign >> (8 * b));
-    if (k) {
-      for (int i = 0; i < L; ++i) {
-        int32_t v = code[i];
-        if (v == 0) continue;
-        uint32_t mag = v < 0 ? (uint32_t)0 - (uint32_t)v : (uint32_t)v;
-        acc |= (uint64_t)(mag - 1u) << nb;
-        nb += k;
-        if (nb >= 32) { store_u32le(o, (uint32_t)acc); o += 4; acc >>= 32; nb -= 32; }
-      }
-    }
-  }
-  for (; nb > 0; nb -= 8) { *o++ = (uint8_t)acc; acc >>= 8; }
+  pack_codes<kCompact>(code, L, *desc, use1 ? s1.bitmap : s0.bitmap, out);
   return size;
 }
+
+// Writes the data bytes of a block whose descriptor encode_block already chose for the same
+// values and geometry (the second step of the device encoder); returns their number.
+template <bool kCompact = kCompactDefault>
+SZ_HD uint32_t pack_block(const float* x, int L, uint64_t row_pos, uint64_t W,
+                          const QuantParams& p, uint16_t desc, uint8_t* out) {
+  if (desc == kDescZero) return 0;
+  if (desc == kDescRaw) { store_raw(x, L, out); return 4u * (uint32_t)L; }
+  int32_t q[kBlock], code[kBlock];
+  quantize_block(x, L, p, q);  // true: encode_block found no outlier in these values
+  if (((desc >> 5) & 1) == kPredLorenzo) lorenzo_forward(q, L, row_pos, W, code);
+  else for (int i = 0; i < L; ++i) code[i] = q[i];
+  pack_codes<kCompact>(code, L, desc, nonzero_bitmap(code, L), out);
+  return block_data_size(desc, L);
+}
+
+// Reads k-bit fields LSB first from [d, end): 32-bit words while 4 bytes remain, then bytes.
+struct FieldReader {
+  const uint8_t* d;
+  const uint8_t* end;
+  int k;
+  uint64_t acc = 0;
+  int nb = 0;
+  SZ_HD uint32_t get() {
+    if (k == 0) return 0;
+    if (nb < k) {
+      if (end - d >= 4) { acc |= (uint64_t)load_u32le(d) << nb; d += 4; nb += 32; }
+      else while (nb < k) { acc |= (uint64_t)(*d++) << nb; nb += 8; }
+    }
+    const uint32_t m = (uint32_t)acc & (0xFFFFFFFFu >> (32 - k));
+    acc >>= k;
+    nb -= k;
+    return m;
+  }
+  // nonzero code t: magnitude field + 1, negated when sign bit t is set
+  SZ_HD int32_t signed_code(uint32_t sign, int t) {
+    const uint32_t mag = get() + 1u;
+    return (int32_t)((sign >> t) & 1u ? (uint32_t)0 - mag : mag);
+  }
+};
 
 // Decodes one block whose data (block_data_size(desc, L) bytes, already bounds-checked by
 // the caller) starts at d. Returns false when the data contradicts the descriptor.
@@ -172,28 +231,13 @@ SZ_HD bool decode_block(const uint8_t* d, uint16_t desc, int L, uint64_t row_pos
     for (int b = 0; b < (nnz + 7) / 8; ++b) sign |= (uint32_t)d[b] << (8 * b);
     d += (nnz + 7) / 8;
   }
-  uint64_t acc = 0;
-  int nb = 0;
   if ((bitmap & ~full) != 0 || popc32(bitmap) != nnz) return false;
-  const uint32_t kmask = k ? 0xFFFFFFFFu >> (32 - k) : 0u;
+  FieldReader fr{d, end, k};
   int32_t c[kBlock];
   if (kCompact) {
     // read the signed values into a dense array, then scatter (branch-free)
     int32_t vals[kBlock + 1];
-    for (int t = 0; t < nnz; ++t) {
-      uint32_t m = 0;
-      if (k) {
-        if (nb < k) {
-          if (end - d >= 4) { acc |= (uint64_t)load_u32le(d) << nb; d += 4; nb += 32; }
-          else while (nb < k) { acc |= (uint64_t)(*d++) << nb; nb += 8; }
-        }
-        m = (uint32_t)acc & kmask;
-        acc >>= k;
-        nb -= k;
-      }
-      uint32_t mag = m + 1u;
-      vals[t] = (int32_t)((sign >> t) & 1u ? (uint32_t)0 - mag : mag);
-    }
+    for (int t = 0; t < nnz; ++t) vals[t] = fr.signed_code(sign, t);
     vals[nnz] = 0;
     int t = 0;
     for (int i = 0; i < L; ++i) {
@@ -203,24 +247,11 @@ SZ_HD bool decode_block(const uint8_t* d, uint16_t desc, int L, uint64_t row_pos
     }
   } else {
     int t = 0;
+    SZ_UNROLL
     for (int i = 0; i < L; ++i) {
-      uint32_t v = 0;
-      if ((bitmap >> i) & 1u) {
-        uint32_t m = 0;
-        if (k) {
-          if (nb < k) {
-          if (end - d >= 4) { acc |= (uint64_t)load_u32le(d) << nb; d += 4; nb += 32; }
-          else while (nb < k) { acc |= (uint64_t)(*d++) << nb; nb += 8; }
-        }
-          m = (uint32_t)acc & kmask;
-          acc >>= k;
-          nb -= k;
-        }
-        uint32_t mag = m + 1u;
-        v = (sign >> t) & 1u ? (uint32_t)0 - mag : mag;
-        t++;
-      }
-      c[i] = (int32_t)v;
+      int32_t v = 0;
+      if ((bitmap >> i) & 1u) v = fr.signed_code(sign, t++);
+      c[i] = v;
     }
   }
   if (pred == kPredLorenzo) lorenzo_inverse(c, L, row_pos, W);

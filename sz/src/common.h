@@ -14,6 +14,14 @@
 #define SZ_HD inline
 #endif
 
+// Full unrolling of a per-block loop on the device, so that the block's arrays stay in
+// registers (without it nvcc kept the decoder's codes in local memory).
+#ifdef __CUDA_ARCH__
+#define SZ_UNROLL _Pragma("unroll")
+#else
+#define SZ_UNROLL
+#endif
+
 namespace szi {
 
 constexpr int kBlock = 32;           // elements per block (one bitmap word)

@@ -31,6 +31,7 @@
 #include "common.h"
 #include "checksum.h"
 #include "quantizer.h"
+#include "blockpack.h"
 #include "sz/sz.h"
 
 namespace szi {
@@ -62,6 +63,47 @@ SZ_HD uint32_t flag_word(const uint8_t* flags, uint64_t fb, uint64_t w) {
   for (uint64_t i = 0; i < 4; ++i)
     if (4 * w + i < fb) v |= (uint32_t)flags[4 * w + i] << (8 * i);
   return v;
+}
+
+// ---- checks shared by both encoders and the header reader ----------------------------
+
+// An error bound request: eb > 0 and finite, a known mode.
+SZ_HD bool request_ok(double eb, int mode) {
+  return eb > 0.0 && eb < INFINITY && (mode == SZ_EB_ABS || mode == SZ_EB_REL);
+}
+
+// ndims 1..4, unused trailing dims 1, at most kMaxElems values. Dims after a 0 are not
+// multiplied (the tensor is empty whatever they are).
+SZ_HD bool dims_ok(const uint64_t* d, int ndims) {
+  if (ndims < 1 || ndims > 4) return false;
+  uint64_t n = 1;
+  bool zero = false;
+  for (int i = 0; i < 4; ++i) {
+    if (i >= ndims && d[i] != 1) return false;
+    if (d[i] == 0) zero = true;
+    else if (!zero) {
+      if (d[i] > kMaxElems / n) return false;  // n * d[i] > kMaxElems, without overflow
+      n *= d[i];
+    }
+  }
+  return true;
+}
+
+// An encode call's shape and bound into h (host side of both backends); SZ_ERR_PARAM when
+// they are not a valid request.
+inline int set_request(Header* h, const size_t* dims, int ndims, double eb, int mode) {
+  if (!dims || ndims < 1 || ndims > 4 || !request_ok(eb, mode)) return SZ_ERR_PARAM;
+  for (int i = 0; i < 4; ++i) h->dims[i] = i < ndims ? (uint64_t)dims[i] : 1;
+  h->ndims = (uint8_t)ndims;
+  h->mode = (uint8_t)mode;
+  h->eb_req = eb;
+  return dims_ok(h->dims, ndims) ? SZ_OK : SZ_ERR_PARAM;
+}
+
+// Values in block b of an n-value tensor: 32, fewer in the last block.
+SZ_HD int block_len(uint64_t b, uint64_t n) {
+  const uint64_t first = b * kBlock;
+  return (int)(n - first < (uint64_t)kBlock ? n - first : kBlock);
 }
 
 SZ_HD uint64_t raw_len_bound(uint64_t n) {
@@ -119,30 +161,19 @@ SZ_HD int parse_header(const uint8_t* p, uint64_t avail, Header* h) {
   if (p[8] != 1) return SZ_ERR_UNSUPPORTED;  // dtype
   h->ndims = p[9]; h->mode = p[10]; h->predictor = p[11]; h->encoder = p[12];
   h->lossless = p[13];
-  if (h->ndims < 1 || h->ndims > 4 || h->mode > 1) return SZ_ERR_CORRUPT;
+  for (int i = 0; i < 4; ++i) h->dims[i] = load_u64le(p + 16 + 8 * i);
+  h->eb_req = u2d(load_u64le(p + 48));
+  // shape and request as an encoder accepts them
+  if (!dims_ok(h->dims, h->ndims) || !request_ok(h->eb_req, h->mode)) return SZ_ERR_CORRUPT;
   if (h->predictor != 1 || h->encoder != 1 || h->lossless > 1) return SZ_ERR_UNSUPPORTED;
   if (load_u16le(p + 14) != kBlock) return SZ_ERR_UNSUPPORTED;
-  uint64_t n = 1;
-  bool zero = false;
-  for (int i = 0; i < 4; ++i) {
-    uint64_t d = load_u64le(p + 16 + 8 * i);
-    h->dims[i] = d;
-    if (i >= h->ndims && d != 1) return SZ_ERR_CORRUPT;
-    if (d == 0) zero = true;
-    else if (!zero) {
-      if (d > kMaxElems || n * d > kMaxElems) return SZ_ERR_CORRUPT;
-      n *= d;
-    }
-  }
-  if (zero) n = 0;
-  h->eb_req = u2d(load_u64le(p + 48));
+  const uint64_t n = h->n();
   h->eb_abs = u2f(load_u32le(p + 56));
   h->chunk = load_u32le(p + 60);
   h->raw_len = load_u64le(p + 64);
   h->payload_len = load_u64le(p + 72);
   h->payload_sum = load_u64le(p + 88);
   h->nzb = load_u64le(p + 80);
-  if (!(h->eb_req > 0.0) || !(h->eb_req < INFINITY)) return SZ_ERR_CORRUPT;
   if (!(h->eb_abs >= 0.0f) || !(h->eb_abs < INFINITY)) return SZ_ERR_CORRUPT;
   if (!eb_abs_consistent(h->mode, h->eb_req, h->eb_abs)) return SZ_ERR_CORRUPT;
   uint64_t nb = div_up(n, kBlock);
@@ -160,6 +191,75 @@ SZ_HD int parse_header(const uint8_t* p, uint64_t avail, Header* h) {
   }
   if (h->payload_len > avail - kHeaderSize) return SZ_ERR_TRUNCATED;
   return SZ_OK;
+}
+
+// ---- the payload's flags and descriptors: layout and checks of both decoders ----------
+// Every descriptor is validated, in the compact order, before any block is decoded: then a
+// decoder needs no further check to stay inside the payload.
+
+SZ_HD bool flag_bit(const uint8_t* flags, uint64_t b) { return (flags[b >> 3] >> (b & 7)) & 1u; }
+
+// Flag word w (flag_word) sets no flag past the last block.
+SZ_HD bool flag_word_ok(uint32_t word, uint64_t w, uint64_t nb) {
+  const uint64_t valid = nb - 32 * w;
+  return valid >= 32 || (word >> valid) == 0;
+}
+
+// Inverse of flag_word: the bytes of word w that lie below fb.
+SZ_HD void store_flag_word(uint8_t* flags, uint64_t fb, uint64_t w, uint32_t word) {
+  for (uint64_t i = 0; i < 4; ++i)
+    if (4 * w + i < fb) flags[4 * w + i] = (uint8_t)(word >> (8 * i));
+}
+
+// Blocks (or descriptors) and their data bytes: what the prefix sums add up.
+struct Tally {
+  uint64_t count, bytes;
+};
+SZ_HD Tally operator+(const Tally& a, const Tally& b) { return Tally{a.count + b.count, a.bytes + b.bytes}; }
+struct TallySum {
+  SZ_HD Tally operator()(const Tally& a, const Tally& b) const { return a + b; }
+};
+
+// In an array of descriptors, the entry j that belongs to the tensor's last block, whose
+// length L may be under 32 (every other entry is a full block); j = ~0 when none does.
+struct Tail {
+  uint64_t j;
+  int L;
+};
+SZ_HD Tail no_tail() { return Tail{~(uint64_t)0, kBlock}; }
+
+// The stream's compact descriptors: the last one is the last block's when that block is flagged.
+SZ_HD Tail compact_tail(const uint8_t* flags, uint64_t nb, uint64_t n, uint64_t nzb) {
+  if (nb == 0 || nzb == 0 || !flag_bit(flags, nb - 1)) return no_tail();
+  return Tail{nzb - 1, block_len(nb - 1, n)};
+}
+
+// Descriptors [j0, j1) of a u16 LE array: how many are nonzero and their data bytes. In a
+// stream's compact array (compact) a zero descriptor is invalid, and with all_raw (a bound
+// with no step) every entry must be raw; an invalid entry sets *ok = false and counts 0 bytes.
+// prefix (may be null) gets, for each entry, the bytes of the entries before it in the run
+// (runs of at most 32 entries: at most 31 * 128 bytes).
+SZ_HD Tally desc_run(const uint8_t* descs, uint64_t j0, uint64_t j1, Tail tail, bool compact,
+                     bool all_raw, bool* ok, uint16_t* prefix) {
+  Tally t = {0, 0};
+  for (uint64_t j = j0; j < j1; ++j) {
+    const uint16_t d = load_u16le(descs + 2 * j);
+    uint32_t s = block_data_size(d, j == tail.j ? tail.L : kBlock);
+    if (s == kBadSize || (compact && d == kDescZero) || (all_raw && d != kDescRaw)) {
+      *ok = false;
+      s = 0;
+    }
+    if (prefix) prefix[j - j0] = (uint16_t)t.bytes;
+    t.count += d != kDescZero;
+    t.bytes += s;
+  }
+  return t;
+}
+
+// After all descriptors passed desc_run: the totals of the flag counts and descriptor bytes
+// agree with the header.
+SZ_HD bool totals_ok(const Tally& total, uint64_t nzb, uint64_t data_len) {
+  return total.count == nzb && total.bytes == data_len;
 }
 
 }  // namespace szi

@@ -43,23 +43,6 @@ int pick_threads(int requested, uint64_t n) {
 struct FreeDeleter { void operator()(void* p) const { free(p); } };
 using Buf = std::unique_ptr<uint8_t, FreeDeleter>;
 
-int make_dims(const size_t* dims, int ndims, Header* h) {
-  if (!dims || ndims < 1 || ndims > SZ_MAX_DIMS) return SZ_ERR_PARAM;
-  h->ndims = (uint8_t)ndims;
-  uint64_t n = 1;
-  bool zero = false;
-  for (int i = 0; i < 4; ++i) h->dims[i] = 1;
-  for (int i = 0; i < ndims; ++i) {
-    h->dims[i] = dims[i];
-    if (dims[i] == 0) zero = true;
-    else if (!zero) {
-      if (dims[i] > kMaxElems || n * dims[i] > kMaxElems) return SZ_ERR_PARAM;
-      n *= dims[i];
-    }
-  }
-  return SZ_OK;
-}
-
 SZ_CLONES void minmax_range(const float* x, uint64_t lo_i, uint64_t hi_i, float* lo, float* hi) {
   float a = INFINITY, b = -INFINITY;
   for (uint64_t i = lo_i; i < hi_i; ++i) {
@@ -107,10 +90,8 @@ SZ_CLONES uint64_t encode_range(const float* in, uint64_t n, uint64_t b0, uint64
   uint64_t pos = 0;
   uint64_t row_pos = (b0 * kBlock) % W;
   for (uint64_t b = b0; b < b1; ++b) {
-    const uint64_t first = b * kBlock;
-    const int L = (int)(n - first < (uint64_t)kBlock ? n - first : kBlock);
     uint16_t d;
-    pos += encode_block(in + first, L, row_pos, W, qp, &d, mine + pos);
+    pos += encode_block(in + b * kBlock, block_len(b, n), row_pos, W, qp, &d, mine + pos);
     desc_full[b] = d;
     row_pos += kBlock;
     if (row_pos >= W) row_pos %= W;
@@ -118,24 +99,18 @@ SZ_CLONES uint64_t encode_range(const float* in, uint64_t n, uint64_t b0, uint64
   return pos;
 }
 
-// Block b's descriptor: 0 (zero block) unless its flag is set, then the next compact one.
-inline uint16_t next_desc(const uint8_t* flags, const uint8_t* descs, uint64_t b, uint64_t* r) {
-  if (!((flags[b >> 3] >> (b & 7)) & 1u)) return kDescZero;
-  return load_u16le(descs + 2 * (*r)++);
-}
-
-// Returns false on a block whose data contradicts its descriptor. r = rank of block b0
-// among the flagged blocks; pos = offset of block b0's data.
+// Decodes blocks [b0, b1) of a validated payload (every descriptor passed desc_run, and the
+// totals match). Returns false on a block whose data contradicts its descriptor. r = rank of
+// block b0 among the flagged blocks; pos = offset of block b0's data.
 SZ_CLONES bool decode_range(const uint8_t* flags, const uint8_t* descs, uint64_t r,
                             const uint8_t* data, uint64_t pos, uint64_t n, uint64_t b0,
                             uint64_t b1, uint64_t W, float two_eb, float* out) {
   uint64_t row_pos = (b0 * kBlock) % W;
   for (uint64_t b = b0; b < b1; ++b) {
-    const uint64_t first = b * kBlock;
-    const int L = (int)(n - first < (uint64_t)kBlock ? n - first : kBlock);
-    uint16_t d = next_desc(flags, descs, b, &r);
+    const int L = block_len(b, n);
+    const uint16_t d = flag_bit(flags, b) ? load_u16le(descs + 2 * r++) : kDescZero;
     // pos + size <= data_len holds: sizes were validated and sum to data_len
-    if (!decode_block(data + pos, d, L, row_pos, W, two_eb, out + first)) return false;
+    if (!decode_block(data + pos, d, L, row_pos, W, two_eb, out + b * kBlock)) return false;
     pos += block_data_size(d, L);
     row_pos += kBlock;
     if (row_pos >= W) row_pos %= W;
@@ -210,19 +185,15 @@ int sz_compress_host(const float* in, const size_t* dims, int ndims, double eb, 
 int sz_compress_host_ex(const float* in, const size_t* dims, int ndims, const sz_params* prm,
                         void* out_v, size_t cap, size_t* out_size) {
   if (!prm || !out_v || !out_size) return SZ_ERR_PARAM;
-  if (!(prm->eb > 0.0) || !(prm->eb < INFINITY)) return SZ_ERR_PARAM;
-  if (prm->mode != SZ_EB_ABS && prm->mode != SZ_EB_REL) return SZ_ERR_PARAM;
   if (prm->lossless != SZ_LOSSLESS_NONE && prm->lossless != SZ_LOSSLESS_ZSTD) return SZ_ERR_PARAM;
   Header h;
-  int st = make_dims(dims, ndims, &h);
+  int st = set_request(&h, dims, ndims, prm->eb, prm->mode);
   if (st) return st;
   const uint64_t n = h.n();
   if (n && !in) return SZ_ERR_PARAM;
   uint8_t* out = (uint8_t*)out_v;
   if (cap < kHeaderSize) return SZ_ERR_BUFFER;
   const int T = pick_threads(prm->nthreads, n);
-  h.mode = (uint8_t)prm->mode;
-  h.eb_req = prm->eb;
   double eb_abs = prm->eb;
   if (prm->mode == SZ_EB_REL) {
     double lo, hi;
@@ -396,8 +367,8 @@ int decode_host(const void* in_v, size_t in_size, float* out, size_t out_elems, 
   const uint64_t data_len = h.raw_len - fb - 2 * h.nzb;
   const float two_eb = make_quant_params(h.eb_abs).two_eb;
   const bool all_raw = eb_all_raw(h.eb_abs);  // no step: a legitimate stream has raw blocks only
-  // flags: no bits past the last block, and exactly nzb set; rank of each worker's first block
-  if (nb % 8 && (flags[fb - 1] >> (nb % 8)) != 0) return SZ_ERR_CORRUPT;
+  // flags: none past the last block, and exactly nzb set; rank of each worker's first block
+  if (nb && !flag_word_ok(flag_word(flags, fb, (nb - 1) / 32), (nb - 1) / 32, nb)) return SZ_ERR_CORRUPT;
   std::vector<uint64_t> rank((size_t)T + 1, 0);
   {
     uint64_t c = 0, prev = 0;
@@ -410,35 +381,25 @@ int decode_host(const void* in_v, size_t in_size, float* out, size_t out_elems, 
     }
     for (uint64_t i = prev >> 3; i < fb; ++i) c += (uint64_t)popc32(flags[i]);
     if (c != h.nzb) return SZ_ERR_CORRUPT;
+    rank[T] = c;
   }
-  std::vector<uint64_t> tsize((size_t)T + 1, 0);
+  const Tail tail = compact_tail(flags, nb, n, h.nzb);
+  std::vector<Tally> part((size_t)T + 1, Tally{0, 0});
   std::atomic<int> err{SZ_OK};
-  // phase 1: validate descriptors and sum each worker's data bytes
+  // phase 1: validate each worker's descriptors (compact order) and sum their data bytes
   parallel_run(T, [&](int t) {
-    uint64_t b0, b1, sum = 0, r = rank[t];
-    share_blocks(nb, t, T, &b0, &b1);
-    for (uint64_t b = b0; b < b1; ++b) {
-      const uint64_t first = b * kBlock;
-      const int L = (int)(n - first < (uint64_t)kBlock ? n - first : kBlock);
-      const bool flagged = (flags[b >> 3] >> (b & 7)) & 1u;
-      uint16_t d = next_desc(flags, descs, b, &r);
-      uint32_t s = block_data_size(d, L);
-      if (s == kBadSize || (flagged && d == kDescZero) || (all_raw && d != kDescRaw)) {
-        err = SZ_ERR_CORRUPT;
-        return;
-      }
-      sum += s;
-    }
-    tsize[t + 1] = sum;
+    bool ok = true;
+    part[t + 1] = desc_run(descs, rank[t], rank[t + 1], tail, true, all_raw, &ok, nullptr);
+    if (!ok) err = SZ_ERR_CORRUPT;
   });
   if (err != SZ_OK) return err;
-  for (int t = 0; t < T; ++t) tsize[t + 1] += tsize[t];
-  if (tsize[T] != data_len) return SZ_ERR_CORRUPT;
+  for (int t = 0; t < T; ++t) part[t + 1] = part[t + 1] + part[t];
+  if (!totals_ok(Tally{rank[T], part[T].bytes}, h.nzb, data_len)) return SZ_ERR_CORRUPT;
   // phase 2: decode; every block's bytes lie inside the payload
   parallel_run(T, [&](int t) {
     uint64_t b0, b1;
     share_blocks(nb, t, T, &b0, &b1);
-    if (!decode_range(flags, descs, rank[t], data, tsize[t], n, b0, b1, W, two_eb, out))
+    if (!decode_range(flags, descs, rank[t], data, part[t].bytes, n, b0, b1, W, two_eb, out))
       err = SZ_ERR_CORRUPT;
   });
   return err;

@@ -27,6 +27,26 @@ uint64_t zstd_packed_bound(uint64_t raw_len, uint32_t chunk) {
 }
 
 #ifdef SZ_HAVE_ZSTD
+// Runs body(ctx, i) for the chunks i in [0, nch) on up to nthreads workers, which take the
+// next chunk as they finish one; each worker has its own zstd context from make() (freed
+// with release()). Stops at the first error a body returns (SZ_ERR_NOMEM: no context).
+template <class Make, class Release, class Body>
+int chunk_workers(int64_t nch, int nthreads, Make make, Release release, Body body) {
+  std::atomic<int> err{SZ_OK};
+  std::atomic<int64_t> next{0};
+  const int T = nthreads < nch ? nthreads : (int)nch;
+  parallel_run(T, [&](int) {
+    auto* ctx = make();
+    if (!ctx) { err = SZ_ERR_NOMEM; return; }
+    for (int64_t i; err == SZ_OK && (i = next++) < nch;) {
+      const int st = body(ctx, i);
+      if (st != SZ_OK) err = st;
+    }
+    release(ctx);
+  });
+  return err;
+}
+
 int zstd_pack(const uint8_t* raw, uint64_t raw_len, uint32_t chunk, int level, int nthreads,
               uint8_t* out, uint64_t cap, uint64_t* out_len) {
   const int64_t nch = (int64_t)div_up(raw_len, chunk);
@@ -61,24 +81,18 @@ int zstd_pack(const uint8_t* raw, uint64_t raw_len, uint32_t chunk, int level, i
   uint8_t* tmp = (uint8_t*)malloc(raw_len ? raw_len : 1);
   if (!tmp) return SZ_ERR_NOMEM;
   std::vector<uint64_t> sizes((size_t)nch);
-  std::atomic<int> err{SZ_OK};
-  std::atomic<int64_t> next{0};
-  int T = nthreads < nch ? nthreads : (int)nch;
-  parallel_run(T, [&](int) {
-    ZSTD_CCtx* cctx = ZSTD_createCCtx();
-    if (!cctx) { err = SZ_ERR_NOMEM; return; }
-    for (int64_t i; (i = next++) < nch;) {
-      uint64_t off = (uint64_t)i * chunk;
-      uint64_t len = raw_len - off < chunk ? raw_len - off : chunk;
-      size_t r = ZSTD_compressCCtx(cctx, tmp + off, len, raw + off, len, level);
-      if (ZSTD_isError(r) || r >= len) {
-        memcpy(tmp + off, raw + off, len);
-        sizes[i] = len | kStoredFlag;
-      } else {
-        sizes[i] = r;
-      }
+  const int err = chunk_workers(nch, nthreads, ZSTD_createCCtx, ZSTD_freeCCtx,
+                                [&](ZSTD_CCtx* cctx, int64_t i) {
+    uint64_t off = (uint64_t)i * chunk;
+    uint64_t len = raw_len - off < chunk ? raw_len - off : chunk;
+    size_t r = ZSTD_compressCCtx(cctx, tmp + off, len, raw + off, len, level);
+    if (ZSTD_isError(r) || r >= len) {
+      memcpy(tmp + off, raw + off, len);
+      sizes[i] = len | kStoredFlag;
+    } else {
+      sizes[i] = r;
     }
-    ZSTD_freeCCtx(cctx);
+    return SZ_OK;
   });
   if (err != SZ_OK) { free(tmp); return err; }
   uint64_t pos = table;
@@ -107,28 +121,21 @@ int zstd_unpack(const uint8_t* in, uint64_t in_len, uint64_t raw_len, uint32_t c
     offs[i + 1] = offs[i] + len;
   }
   if (offs[nch] != in_len) return SZ_ERR_CORRUPT;
-  std::atomic<int> err{SZ_OK};
-  std::atomic<int64_t> next{0};
-  int T = nthreads < nch ? nthreads : (int)nch;
-  parallel_run(T, [&](int) {
-    ZSTD_DCtx* dctx = ZSTD_createDCtx();
-    if (!dctx) { err = SZ_ERR_NOMEM; return; }
-    for (int64_t i; err == SZ_OK && (i = next++) < nch;) {
-      uint64_t off = (uint64_t)i * chunk;
-      uint64_t want = raw_len - off < chunk ? raw_len - off : chunk;
-      uint64_t entry = load_u64le(in + 8 * i);
-      uint64_t len = offs[i + 1] - offs[i];
-      if (entry & kStoredFlag) {
-        if (len != want) { err = SZ_ERR_CORRUPT; break; }
-        memcpy(raw + off, in + offs[i], len);
-      } else {
-        size_t r = ZSTD_decompressDCtx(dctx, raw + off, want, in + offs[i], len);
-        if (ZSTD_isError(r) || r != want) err = SZ_ERR_CORRUPT;
-      }
+  return chunk_workers(nch, nthreads, ZSTD_createDCtx, ZSTD_freeDCtx,
+                       [&](ZSTD_DCtx* dctx, int64_t i) {
+    uint64_t off = (uint64_t)i * chunk;
+    uint64_t want = raw_len - off < chunk ? raw_len - off : chunk;
+    uint64_t entry = load_u64le(in + 8 * i);
+    uint64_t len = offs[i + 1] - offs[i];
+    if (entry & kStoredFlag) {
+      if (len != want) return (int)SZ_ERR_CORRUPT;
+      memcpy(raw + off, in + offs[i], len);
+    } else {
+      size_t r = ZSTD_decompressDCtx(dctx, raw + off, want, in + offs[i], len);
+      if (ZSTD_isError(r) || r != want) return (int)SZ_ERR_CORRUPT;
     }
-    ZSTD_freeDCtx(dctx);
+    return (int)SZ_OK;
   });
-  return err;
 }
 #else
 int zstd_pack(const uint8_t*, uint64_t, uint32_t, int, int, uint8_t*, uint64_t, uint64_t*) {

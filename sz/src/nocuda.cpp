@@ -8,6 +8,14 @@ int sz_compress_device(const float*, const size_t*, int, double, int, void*, siz
                        void*, size_t, void*) {
   return SZ_ERR_CUDA;
 }
+int sz_compress_device_plan(const float*, const size_t*, int, double, int, void*, size_t, size_t*,
+                            void*) {
+  return SZ_ERR_CUDA;
+}
+int sz_compress_device_write(const float*, const size_t*, int, double, int, void*, size_t,
+                             size_t*, void*, size_t, void*) {
+  return SZ_ERR_CUDA;
+}
 int sz_decompress_device(const void*, size_t, float*, size_t, void*, size_t, void*) {
   return SZ_ERR_CUDA;
 }

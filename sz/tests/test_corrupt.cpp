@@ -261,3 +261,27 @@ TEST(CudaError, FailuresSayWhy) {
     EXPECT_STREQ(sz_cuda_error(), "library built without CUDA");
   }
 }
+
+// Dims whose product overflows 64 bits are refused, not wrapped: 2^32 x 2^32 is not 0 values,
+// and 2^30 x 2^34 is not 0 values either (the product modulo 2^64 is 0 for both).
+TEST(Dims, ProductOverflowRefused) {
+  std::vector<float> x(4, 1.0f);
+  std::vector<uint8_t> out(sz_compress_bound(4));
+  size_t used = 0;
+  const size_t wrap[2] = {(size_t)1 << 30, (size_t)1 << 34}, big[3] = {1 << 20, 1 << 20, 2};
+  EXPECT_EQ(sz_compress_host(x.data(), wrap, 2, 1e-3, SZ_EB_ABS, out.data(), out.size(), &used),
+            SZ_ERR_PARAM);
+  EXPECT_EQ(sz_compress_host(x.data(), big, 3, 1e-3, SZ_EB_ABS, out.data(), out.size(), &used),
+            SZ_ERR_PARAM);
+  // an empty stream whose header claims 2^32 x 2^32 values
+  Stream s = compress({}, {0}, 1e-3, SZ_EB_ABS, SZ_LOSSLESS_NONE);
+  ASSERT_EQ(s.status, SZ_OK);
+  std::vector<uint8_t> c = s.bytes;
+  c[9] = 2;  // ndims
+  szi::store_u64le(c.data() + 16, (uint64_t)1 << 32);
+  szi::store_u64le(c.data() + 24, (uint64_t)1 << 32);
+  reseal(c);
+  sz_header_info info;
+  EXPECT_EQ(sz_read_header(c.data(), c.size(), &info), SZ_ERR_CORRUPT);
+  EXPECT_EQ(sz_decompress_host(c.data(), c.size(), nullptr, 0), SZ_ERR_CORRUPT);
+}

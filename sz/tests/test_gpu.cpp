@@ -55,33 +55,13 @@ int gpu_decompress(const std::vector<uint8_t>& s, std::vector<float>& y) {
   return st;
 }
 
-struct GCase {
-  const char* name;
-  std::vector<size_t> dims;
-  int kind;
-};
-
-std::vector<float> make(const GCase& c) {
-  size_t n = 1;
-  for (size_t d : c.dims) n *= d;
-  std::vector<float> x;
-  switch (c.kind) {
-    case 0: x = random_uniform(n, 5, -2, 2); break;
-    case 1: x = relu_sparse(n, 0.7, 6); break;
-    case 2: x = smooth(n); break;
-    default: x.assign(n, 0.0f);
-  }
-  if (n > 100) { x[17] = NAN; x[n - 1] = INFINITY; x[n / 2] = -INFINITY; x[n / 3] = 3e38f; }
-  return x;
-}
-
-class GpuCpu : public ::testing::TestWithParam<std::tuple<GCase, int>> {};
+class GpuCpu : public ::testing::TestWithParam<std::tuple<ShapeCase, int>> {};
 
 TEST_P(GpuCpu, SameStreamAndSameValues) {
   REQUIRE_GPU();
-  const GCase& c = std::get<0>(GetParam());
+  const ShapeCase& c = std::get<0>(GetParam());
   int mode = std::get<1>(GetParam());
-  std::vector<float> x = make(c);
+  std::vector<float> x = make_case(c);
   for (double eb : {1e-1, 1e-3}) {
     Stream cpu = compress(x, c.dims, eb, mode, SZ_LOSSLESS_NONE);
     ASSERT_EQ(cpu.status, SZ_OK);
@@ -98,18 +78,53 @@ TEST_P(GpuCpu, SameStreamAndSameValues) {
   }
 }
 
-const GCase kG[] = {{"uniform", {3, 5, 17, 33}, 0}, {"relu", {8, 16, 32, 32}, 1},
-                    {"smooth", {100000}, 2},        {"zeros", {4, 1000}, 3},
-                    {"tiny1", {1}, 0},              {"tiny7", {7}, 1},
-                    {"empty", {0}, 0},              {"odd", {1, 3, 1, 97}, 1}};
-
 INSTANTIATE_TEST_SUITE_P(Device, GpuCpu,
-                         ::testing::Combine(::testing::ValuesIn(kG),
+                         ::testing::Combine(::testing::ValuesIn(device_cases()),
                                             ::testing::Values(SZ_EB_ABS, SZ_EB_REL)),
-                         [](const auto& i) {
-                           return std::string(std::get<0>(i.param).name) +
-                                  (std::get<1>(i.param) ? "_rel" : "_abs");
-                         });
+                         case_mode_name<::testing::TestParamInfo<GpuCpu::ParamType>>);
+
+// Plan, then write into a buffer of exactly the planned size: the one-call stream, byte for
+// byte; a write must match its plan's request and fit.
+TEST(Device, PlanThenWriteExactSize) {
+  REQUIRE_GPU();
+  std::vector<float> x = relu_sparse(3 * 64 * 64, 0.6, 10);
+  const size_t dims[3] = {3, 64, 64}, n = x.size();
+  Stream cpu = compress(x, {3, 64, 64}, 1e-2, SZ_EB_REL, SZ_LOSSLESS_NONE);
+  ASSERT_EQ(cpu.status, SZ_OK);
+  DevBuf<float> dx(n);
+  ASSERT_EQ(cudaMemcpy(dx.p, x.data(), 4 * n, cudaMemcpyHostToDevice), cudaSuccess);
+  const size_t scr = sz_device_scratch_size(n);
+  DevBuf<uint8_t> dscr(scr);
+  ASSERT_EQ(cudaMemset(dscr.p, 0, scr), cudaSuccess);
+  size_t planned = 0, size = 0;
+  DevBuf<uint8_t> early(cpu.bytes.size());
+  EXPECT_EQ(sz_compress_device_write(dx.p, dims, 3, 1e-2, SZ_EB_REL, early.p, cpu.bytes.size(),
+                                     &size, dscr.p, scr, nullptr),
+            SZ_ERR_PARAM);  // no plan in the scratch yet
+  ASSERT_EQ(sz_compress_device_plan(dx.p, dims, 3, 1e-2, SZ_EB_REL, dscr.p, scr, &planned, nullptr),
+            SZ_OK);
+  ASSERT_EQ(planned, cpu.bytes.size());
+  uint8_t* exact = nullptr;
+  ASSERT_EQ(cudaMalloc(&exact, planned), cudaSuccess);
+  EXPECT_EQ(sz_compress_device_write(dx.p, dims, 3, 1e-2, SZ_EB_REL, exact, planned - 1, &size,
+                                     dscr.p, scr, nullptr),
+            SZ_ERR_BUFFER);
+  EXPECT_EQ(sz_compress_device_write(dx.p, dims, 3, 2e-2, SZ_EB_REL, exact, planned, &size, dscr.p,
+                                     scr, nullptr),
+            SZ_ERR_PARAM);  // another bound than the plan's
+  const size_t other[3] = {3, 32, 128};
+  EXPECT_EQ(sz_compress_device_write(dx.p, other, 3, 1e-2, SZ_EB_REL, exact, planned, &size, dscr.p,
+                                     scr, nullptr),
+            SZ_ERR_PARAM);  // another shape
+  ASSERT_EQ(sz_compress_device_write(dx.p, dims, 3, 1e-2, SZ_EB_REL, exact, planned, &size, dscr.p,
+                                     scr, nullptr),
+            SZ_OK);
+  ASSERT_EQ(size, planned);
+  std::vector<uint8_t> got(planned);
+  ASSERT_EQ(cudaMemcpy(got.data(), exact, planned, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(got == cpu.bytes);
+  cudaFree(exact);
+}
 
 TEST(Device, CorruptAndForeignRejected) {
   REQUIRE_GPU();

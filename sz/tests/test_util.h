@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 namespace szt {
@@ -90,6 +92,44 @@ inline double check_bound(const std::vector<float>& x, const std::vector<float>&
   }
   EXPECT_EQ(bad, 0u);
   return maxerr;
+}
+
+// Shapes and kinds of tensor that the device-backend tests (test_gpu, test_device_twin) run:
+// kind 0 uniform, 1 ReLU 70% zeros, 2 smooth, 3 all zeros; every one over 100 values that is
+// not all zeros also holds NaN, +Inf, -Inf and a value too large for any step.
+struct ShapeCase {
+  const char* name;
+  std::vector<size_t> dims;
+  int kind;
+};
+
+inline const std::vector<ShapeCase>& device_cases() {
+  static const std::vector<ShapeCase> cases = {
+      {"uniform", {3, 5, 17, 33}, 0}, {"relu", {8, 16, 32, 32}, 1}, {"smooth", {100000}, 2},
+      {"zeros", {4, 1000}, 3},        {"tiny1", {1}, 0},            {"tiny7", {7}, 1},
+      {"empty", {0}, 0},              {"odd", {1, 3, 1, 97}, 1},    {"one_tile_plus", {1057}, 1},
+      {"w1", {40, 1}, 2}};
+  return cases;
+}
+
+inline std::vector<float> make_case(const ShapeCase& c) {
+  size_t n = 1;
+  for (size_t d : c.dims) n *= d;
+  std::vector<float> x;
+  switch (c.kind) {
+    case 0: x = random_uniform(n, 5, -2, 2); break;
+    case 1: x = relu_sparse(n, 0.7, 6); break;
+    case 2: x = smooth(n); break;
+    default: x.assign(n, 0.0f);
+  }
+  if (n > 100 && c.kind != 3) { x[17] = NAN; x[n - 1] = INFINITY; x[n / 2] = -INFINITY; x[n / 3] = 3e38f; }
+  return x;
+}
+
+// gtest name of a (case, mode) parameter
+template <class Info>
+std::string case_mode_name(const Info& i) {
+  return std::string(std::get<0>(i.param).name) + (std::get<1>(i.param) ? "_rel" : "_abs");
 }
 
 }  // namespace szt

@@ -1,8 +1,11 @@
 // sz_bench - throughput of the CPU backend at several thread counts and, when built with
 // CUDA and a device is present, of the CUDA backend, on generated ReLU-sparse NCHW data.
-//   sz_bench [--mib SIZE] [--zeros FRAC] [--rel EB] [--threads 1,2,4] [--reps R] [--gpu]
+//   sz_bench [--mib SIZE] [--zeros FRAC] [--rel EB] [--threads 1,2,4] [--reps R] [--gpu] [--twin]
 // Prints one line per configuration: ratio, max error / eb, compress and decompress GB/s.
+// --twin adds the device code's steps run as CPU loops on one thread (device_twin.h): the
+// work per value of the device encoder (plan, write) and decoder, where no GPU is.
 #include "sz/sz.h"
+#include "device_twin.h"
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,7 +26,7 @@ static double now() {
 int main(int argc, char** argv) {
   double mib = 256, zeros = 0.7, rel = 1e-3;
   int reps = 3;
-  bool gpu = false;
+  bool gpu = false, twin = false;
   std::vector<int> threads;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -32,10 +35,11 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--help" || a == "-h") {
-      printf("usage: sz_bench [--mib S] [--zeros F] [--rel EB] [--threads 1,2] [--reps R] [--gpu]\n"
+      printf("usage: sz_bench [--mib S] [--zeros F] [--rel EB] [--threads 1,2] [--reps R] [--gpu] [--twin]\n"
              "Steady-state compress and decompress throughput (GB/s) of the host backend at each\n"
              "thread count, and of the device backend with --gpu, on generated activation-like\n"
-             "data of S MiB with a fraction F of exact zeros, at relative bound EB.\n");
+             "data of S MiB with a fraction F of exact zeros, at relative bound EB. --twin: the\n"
+             "device backend's steps as CPU loops on one thread (plan, write, decode).\n");
       return 0;
     }
     if (a == "--mib") mib = atof(next());
@@ -43,6 +47,7 @@ int main(int argc, char** argv) {
     else if (a == "--rel") rel = atof(next());
     else if (a == "--reps") reps = atoi(next());
     else if (a == "--gpu") gpu = true;
+    else if (a == "--twin") twin = true;
     else if (a == "--threads") {
       std::string v = next();
       for (size_t p = 0; p < v.size();) {
@@ -51,7 +56,7 @@ int main(int argc, char** argv) {
         if (c == std::string::npos) break;
         p = c + 1;
       }
-    } else { fprintf(stderr, "usage: sz_bench [--mib S] [--zeros F] [--rel EB] [--threads 1,2] [--reps R] [--gpu]\n"); return 2; }
+    } else { fprintf(stderr, "usage: sz_bench [--mib S] [--zeros F] [--rel EB] [--threads 1,2] [--reps R] [--gpu] [--twin]\n"); return 2; }
   }
   if (threads.empty()) {
     unsigned h = std::thread::hardware_concurrency();
@@ -100,6 +105,29 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < n; ++i) me = std::max(me, std::fabs((double)x[i] - y[i]));
     printf("cpu %2d threads: ratio %.2f  max_err/eb %.3f  compress %.2f GB/s  decompress %.2f GB/s\n", T,
            4.0 * n / size, me / h.eb_abs, 4e-9 * n / ct, 4e-9 * n / dt);
+  }
+  if (twin) {
+    szi::TwinPlan plan;
+    std::vector<uint8_t> stream;
+    double pt = 1e30, wt = 1e30, dt = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      double t0 = now();
+      if (szi::twin_plan(x.data(), dims, 4, rel, SZ_EB_REL, &plan) != SZ_OK) return 1;
+      double t1 = now();
+      stream.resize(plan.stream_size());
+      szi::twin_write(x.data(), plan, stream.data());
+      double t2 = now();
+      if (szi::twin_decompress(stream.data(), stream.size(), y.data(), n) != SZ_OK) return 1;
+      double t3 = now();
+      pt = std::min(pt, t1 - t0);
+      wt = std::min(wt, t2 - t1);
+      dt = std::min(dt, t3 - t2);
+    }
+    double me = 0;
+    for (size_t i = 0; i < n; ++i) me = std::max(me, std::fabs((double)x[i] - y[i]));
+    printf("twin 1 thread: ratio %.2f  max_err/eb %.3f  plan %.2f GB/s  write %.2f GB/s  "
+           "compress %.2f GB/s  decompress %.2f GB/s\n", 4.0 * n / stream.size(),
+           me / plan.h.eb_abs, 4e-9 * n / pt, 4e-9 * n / wt, 4e-9 * n / (pt + wt), 4e-9 * n / dt);
   }
 #ifdef SZC_CUDA
   if (gpu) {

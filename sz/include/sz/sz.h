@@ -130,18 +130,36 @@ SZ_API int sz_peek_header(const void* header, size_t header_size, sz_header_info
 
 /* ---- CUDA backend (SZ_ERR_CUDA when built without it) ----------------------------------
  * Buffers are device pointers; stream is a cudaStream_t (NULL = legacy default stream).
- * scratch is caller-provided device memory of at least sz_device_scratch_size(n) bytes;
- * the hot path allocates nothing. The functions enqueue their work on the stream and
- * synchronise it once at the end to report the size / status to the host.
+ * scratch is caller-provided device memory of at least sz_device_scratch_size(n) bytes
+ * (about n / 6 bytes); the hot path allocates nothing. The functions enqueue their work on
+ * the stream and synchronise it once at the end to report the size / status to the host.
  * Device streams use no lossless stage (SZ_LOSSLESS_NONE); the host decoder reads them,
  * and the device decoder reads host streams made with SZ_LOSSLESS_NONE.
  * sz_decompress_device checks the header on the host like sz_decompress_host, in_size
  * included (exact: SZ_ERR_TRAILING when longer); for a stream at the start of a larger
  * buffer, pass the stream_size that sz_peek_header reports. */
 SZ_API size_t sz_device_scratch_size(size_t n_elems);
+
+/* One call: d_out has out_capacity bytes (sz_compress_bound(n) always suffices; a smaller
+ * buffer that the stream does not fit gives SZ_ERR_BUFFER). */
 SZ_API int sz_compress_device(const float* d_in, const size_t* dims, int ndims, double eb,
                               int mode, void* d_out, size_t out_capacity, size_t* out_size,
                               void* d_scratch, size_t scratch_size, void* stream);
+
+/* Two calls, for an output allocated at its exact size: sz_compress_device_plan chooses the
+ * encoding of every block into d_scratch and reports the stream's size in *stream_size;
+ * sz_compress_device_write then writes that stream into d_out (out_capacity >= that size),
+ * given the same d_in contents, dims, ndims, eb, mode and scratch. The plan stays valid
+ * until the scratch is reused, so one plan may be written more than once. A write whose
+ * request differs from the plan's, or without a plan, returns SZ_ERR_PARAM. The stream is
+ * the one sz_compress_device writes, byte for byte. */
+SZ_API int sz_compress_device_plan(const float* d_in, const size_t* dims, int ndims, double eb,
+                                   int mode, void* d_scratch, size_t scratch_size,
+                                   size_t* stream_size, void* stream);
+SZ_API int sz_compress_device_write(const float* d_in, const size_t* dims, int ndims, double eb,
+                                    int mode, void* d_out, size_t out_capacity,
+                                    size_t* out_size, void* d_scratch, size_t scratch_size,
+                                    void* stream);
 SZ_API int sz_decompress_device(const void* d_in, size_t in_size, float* d_out,
                                 size_t out_elems, void* d_scratch, size_t scratch_size,
                                 void* stream);

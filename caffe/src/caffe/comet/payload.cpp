@@ -162,21 +162,23 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
     return p;
   }
 #ifndef CPU_ONLY
+  // Plan (the exact stream size, ~0.16 bytes per value of scratch), then write straight into
+  // the payload allocated at that size: the scratch is the whole transient.
   const size_t scratch_bytes = sz_device_scratch_size(count);
-  void* out = NULL;
   void* scratch = NULL;
-  CometGpuMalloc(&out, bound);
   CometGpuMalloc(&scratch, std::max<size_t>(scratch_bytes, 1));
-  NoteTransient(bound + scratch_bytes);
-  const int rc = sz_compress_device(data, dims, nd, eb, SZ_EB_ABS, out, bound, &used, scratch,
-                                    scratch_bytes, NULL);
+  NoteTransient(scratch_bytes);
+  int rc = sz_compress_device_plan(data, dims, nd, eb, SZ_EB_ABS, scratch, scratch_bytes, &used,
+                                   NULL);
+  if (rc == SZ_OK) {
+    p->Allocate(used);
+    rc = sz_compress_device_write(data, dims, nd, eb, SZ_EB_ABS, p->data(), used, &used, scratch,
+                                  scratch_bytes, NULL);
+  }
   CHECK_EQ(rc, SZ_OK) << "COMET: compressing " << name << " on the GPU failed: "
                       << sz_strerror(rc) << (rc == SZ_ERR_CUDA ? ": " : "")
                       << (rc == SZ_ERR_CUDA ? sz_cuda_error() : "");
-  p->Allocate(used);
-  CUDA_CHECK(cudaMemcpy(p->data(), out, used, cudaMemcpyDeviceToDevice));
   CometGpuFree(scratch, std::max<size_t>(scratch_bytes, 1));
-  CometGpuFree(out, bound);
 #else
   NO_GPU;
 #endif
