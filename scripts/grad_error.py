@@ -12,8 +12,8 @@ ResNet's BatchNorm layers store their normalised output (x_norm_) lossy at the t
 bound and their Scale's; the table lists those bounds and the weight-gradient error of every layer
 with learnable weights (the errors of BatchNorm's input gradients show in the layers below them).
 
-    scripts/grad_error [--model caffenet|resnet] [--batch 32] [--target 0.05] [--max-bound 1]
-                       [--warmup 2]
+    scripts/grad_error [--model caffenet|resnet|googlenet] [--batch 32] [--target 0.05]
+                       [--max-bound 1] [--warmup 2] [--data-gradients]
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=0.05, help="comet.adaptive_target")
     ap.add_argument("--max-bound", type=float, default=1.0, help="comet.max_error_bound")
     ap.add_argument("--warmup", type=int, default=2, help="steps before the compared one")
+    ap.add_argument("--data-gradients", action="store_true",
+                    help="also the relative error of every blob's gradient (where errors from above "
+                         "arrive: BatchNorm's and LRN's input gradients)")
     args = ap.parse_args()
 
     os.environ.setdefault("GLOG_minloglevel", "2")  # caffe's INFO lines would bury the table
@@ -79,7 +82,7 @@ def main() -> int:
         (Path(tmp) / "off.prototxt").write_text(common)
         (Path(tmp) / "on.prototxt").write_text(
             common + f"comet {{ adaptive_target: {args.target} max_error_bound: {args.max_bound} "
-                     f"update_interval: 1 }}\n")
+                     f"update_interval: 1{' release_diffs: false' if args.data_gradients else ''} }}\n")
         off = caffe.get_solver(str(Path(tmp) / "off.prototxt"))
         on = caffe.get_solver(str(Path(tmp) / "on.prototxt"))
         for s in (off, on):
@@ -114,6 +117,17 @@ def main() -> int:
                 continue
             eb = f"{bounds[name]:.3g}" if name in bounds else "exact"
             print(f"| {name} | {eb} | {np.linalg.norm(b - a) / np.linalg.norm(a):.4f} |")
+        if args.data_gradients:
+            print("\n| blob | relative error of its gradient |\n|---|---:|")
+            for name in off.net.blobs:
+                a = off.net.blobs[name].diff
+                try:
+                    b = on.net.blobs[name].diff
+                except Exception:  # a diff the store released (kept with --data-gradients)
+                    print(f"| {name} | released |")
+                    continue
+                if a.size and np.linalg.norm(a):
+                    print(f"| {name} | {np.linalg.norm(b - a) / np.linalg.norm(a):.4f} |")
     return 0
 
 

@@ -118,8 +118,9 @@ bool CometDecode(const CometPayload& payload, void* out, std::string* error);
 
 // What the encoders take beyond the payloads, for the tracked memory: the bytes they hold between
 // calls (the host's worst-case stream buffer, kept for the next encode), and the largest transient
-// of one encode or decode since the last call (device: a worst-case stream and scratch, freed
-// before it returns, so no sample at a layer boundary sees them).
+// of one encode or decode since the last call (device: sz's scratch, about 0.16 bytes per value,
+// freed before it returns, so no sample at a layer boundary sees it; the payload itself is
+// allocated at its exact size after sz_compress_device_plan).
 size_t CometEncoderHeldBytes();
 size_t CometTakeTransientPeak();
 
