@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "caffe/comet/codes.hpp"
+#include "caffe/comet/pool.hpp"
 #include "caffe/common.hpp"
 
 namespace caffe {
@@ -130,33 +131,6 @@ size_t CometTakeTransientPeak();
 // mask is corrupt.
 bool CometReluBackward(const CometPayload& mask, const float* top_diff, float* bottom_diff,
                        float negative_slope, std::string* error);
-
-// Host allocations of SyncedMemory (1 MB and more, CPU mode) go through a pool while a COMET
-// store with memory_pool is active: a freed buffer is kept for the next allocation of the same
-// size instead of going back to the kernel and faulting in again. The pool never holds more
-// than the peak in use (times 1 + headroom), so the process's peak memory does not grow.
-void CometHostMalloc(void** ptr, size_t size, bool* use_cuda);
-void CometHostFree(void* ptr, size_t size, bool use_cuda);
-void CometHostPoolEnable(bool on);
-
-// GPU allocations of SyncedMemory go through a pool while a COMET store is active, so buffers
-// released after compression are reused by the next iteration instead of cudaFree/cudaMalloc;
-// like the host pool it holds no more than the peak in use.
-void CometGpuMalloc(void** ptr, size_t size);
-void CometGpuFree(void* ptr, size_t size);
-void CometGpuPoolEnable(bool on);
-struct CometPoolStats {
-  size_t in_use, cached, peak_in_use;  // bytes
-  size_t hits, misses, evicted;        // allocations served from the pool, not; blocks freed
-};
-CometPoolStats CometGpuPoolQuery();
-// A training step starts (both pools): the sizes asked for in the last step guide evictions.
-void CometPoolsMarkStep();
-// Lets both pools hold up to (1 + fraction) x their peak in use (comet.memory_pool_headroom).
-void CometPoolsSetHeadroom(double fraction);
-CometPoolStats CometHostPoolQuery();
-// The pool that serves SyncedMemory in the current mode (GPU mode: the device pool).
-CometPoolStats CometPoolQuery();
 
 }  // namespace caffe
 

@@ -1,0 +1,46 @@
+#ifndef CAFFE_COMET_POOL_HPP_
+#define CAFFE_COMET_POOL_HPP_
+
+// COMET-Caffe: the memory pools SyncedMemory allocates from while a COMET store is active
+// (patch 0008 calls them), and the host mappings both the pools and large lossy payloads use.
+
+#include <cstddef>
+
+namespace caffe {
+
+// Host memory straight from the kernel (mmap), not from malloc: a block given back is really
+// returned, and malloc's heap is not fragmented by activation-sized blocks it would keep resident
+// (glibc serves blocks below its adaptive mmap threshold, up to 32 MB, from the heap).
+void* CometHostMap(size_t size);
+void CometHostUnmap(void* ptr, size_t size);
+
+// Host allocations of SyncedMemory (1 MB and more, CPU mode) go through a pool while a COMET
+// store with memory_pool is active: a freed buffer is kept for the next allocation of the same
+// size instead of going back to the kernel and faulting in again. The pool never holds more
+// than the peak in use (times 1 + headroom), so the process's peak memory does not grow.
+void CometHostMalloc(void** ptr, size_t size, bool* use_cuda);
+void CometHostFree(void* ptr, size_t size, bool use_cuda);
+void CometHostPoolEnable(bool on);
+
+// GPU allocations of SyncedMemory go through a pool while a COMET store is active, so buffers
+// released after compression are reused by the next iteration instead of cudaFree/cudaMalloc;
+// like the host pool it holds no more than the peak in use.
+void CometGpuMalloc(void** ptr, size_t size);
+void CometGpuFree(void* ptr, size_t size);
+void CometGpuPoolEnable(bool on);
+struct CometPoolStats {
+  size_t in_use, cached, peak_in_use;  // bytes
+  size_t hits, misses, evicted;        // allocations served from the pool, not; blocks freed
+};
+CometPoolStats CometGpuPoolQuery();
+// A training step starts (both pools): the sizes asked for in the last step guide evictions.
+void CometPoolsMarkStep();
+// Lets both pools hold up to (1 + fraction) x their peak in use (comet.memory_pool_headroom).
+void CometPoolsSetHeadroom(double fraction);
+CometPoolStats CometHostPoolQuery();
+// The pool that serves SyncedMemory in the current mode (GPU mode: the device pool).
+CometPoolStats CometPoolQuery();
+
+}  // namespace caffe
+
+#endif  // CAFFE_COMET_POOL_HPP_
