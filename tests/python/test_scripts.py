@@ -1,4 +1,4 @@
-"""scripts/bench_memory and scripts/grad_error: their --help, and the benchmark reading the store's lines."""
+"""scripts/bench_memory and scripts/grad_error: their --help, and the benchmark reading the store's CSV."""
 
 from __future__ import annotations
 
@@ -11,27 +11,33 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_memory  # noqa: E402
 
-TOTAL = ("I20261130 08:21:43.437604 14226 store.cpp:796] COMET total: activations 873.0 MB -> 66.8 MB "
-         "(13.1x){buffers}, peak memory 1.12 GB (weights 218.8 MB, activations 434.6 MB, gradients 369.8 MB, "
-         "compressed 128.2 MB, scratch 0.0 KB)")
+HEADER = ("iter,layer,blob,kind,ratio,eb,ms,dense_bytes,stored_bytes,peak_bytes,weights_bytes,"
+          "activations_bytes,gradients_bytes,compressed_bytes,scratch_bytes,buffers_dense_bytes,"
+          "buffers_stored_bytes\n")
 
 
-def test_bench_reads_the_total_line_with_and_without_layer_buffers():
-    with_buffers = bench_memory.comet_figures(TOTAL.format(buffers=", layer buffers 238.2 MB -> 15.2 MB"))
-    assert with_buffers["ratio"] == 13.1
-    assert abs(with_buffers["dense"] - 873.0 * 2**20) < 1
-    assert abs(with_buffers["stored"] - 66.8 * 2**20) < 1
-    assert abs(with_buffers["tracked_peak"] - 1.12 * 2**30) < 1
-    assert abs(with_buffers["buffers_dense"] - 238.2 * 2**20) < 1
-    assert abs(with_buffers["buffers_stored"] - 15.2 * 2**20) < 1
-    without = bench_memory.comet_figures(TOTAL.format(buffers=""))
-    assert without["ratio"] == 13.1 and "buffers_dense" not in without
-    assert bench_memory.comet_figures("no COMET here") == {}
+def _total(it: int, ratio: float, buffers: str = ",249761383,15938355") -> str:
+    return (f"{it},conv2,pool1,lossy,5.1,0.01,3.5,1605632,314830,,,,,,,,\n"
+            f"{it},total,,total,{ratio},,,915406848,70045286,1202590843,229428838,455715226,"
+            f"387762585,134427443,0{buffers}\n")
 
 
-def test_bench_uses_the_last_total_line():
-    text = "\n".join([TOTAL.format(buffers="").replace("(13.1x)", "(7.2x)"), TOTAL.format(buffers="")])
-    assert bench_memory.comet_figures(text)["ratio"] == 13.1
+def test_bench_reads_the_stores_total_row_with_and_without_layer_buffers(tmp_path):
+    (tmp_path / "net_on_comet.csv").write_text(HEADER + _total(1, 13.0686))
+    fig = bench_memory.comet_figures(tmp_path, "net_on")
+    assert fig == {"dense": 915406848, "stored": 70045286, "ratio": 13.0686, "tracked_peak": 1202590843,
+                   "buffers_dense": 249761383, "buffers_stored": 15938355}
+    # a file of an older fork (no buffer columns), and no file at all (COMET off)
+    (tmp_path / "old_comet.csv").write_text(HEADER.replace(",buffers_dense_bytes,buffers_stored_bytes", "")
+                                            + _total(1, 13.0686, buffers=""))
+    old = bench_memory.comet_figures(tmp_path, "old")
+    assert old["ratio"] == 13.0686 and "buffers_dense" not in old
+    assert bench_memory.comet_figures(tmp_path, "net_off") == {}
+
+
+def test_bench_uses_the_last_total_row(tmp_path):
+    (tmp_path / "n_comet.csv").write_text(HEADER + _total(0, 7.2) + _total(1, 13.1))
+    assert bench_memory.comet_figures(tmp_path, "n")["ratio"] == 13.1
 
 
 def test_scripts_explain_themselves():
