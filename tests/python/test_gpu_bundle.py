@@ -29,8 +29,9 @@ CUDNN_BUILD = ROOT / "build" / "cuda-cudnn-nccl"
 HAVE_CUDNN_BUILD = (CUDNN_BUILD / "cmake" / "tools" / "caffe").exists() and \
     (CUDNN_BUILD / "cmake" / "test" / "test.testbin").exists()
 NEEDS_CUDNN_BUILD = pytest.mark.skipif(not HAVE_CUDNN_BUILD, reason="no cuDNN + NCCL build (build/cuda-cudnn-nccl)")
-# where the root keeps cuDNN and NCCL when a test wants them: PyTorch's wheel layout
-WHEELS_IN_ROOT = "/usr/local/lib/python3.12/site-packages/nvidia"
+# where the root keeps cuDNN and NCCL when a test wants them: PyTorch's wheel layout, under a prefix env.sh
+# does not search by itself (so the root stays one without cuDNN unless GPU_BUNDLE_CUDA_LIBS names it)
+WHEELS_IN_ROOT = "/opt/venv/lib/python3.12/site-packages/nvidia"
 CUDA_LIB64 = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64"
 LIMIT = 60 * 2**20
 BUNDLE_IN_ROOT = "/bundle/gpu-check"
@@ -366,15 +367,13 @@ def test_cudnn_build_starts_with_cudnn_and_nccl_from_wheel_folders(root, run_in_
 
 
 @NEEDS_CUDNN_BUILD
-def test_cudnn_wrapper_without_cudnn_says_skipped(root, run_in_root):
-    """On a GPU machine without cuDNN (the root's CUDA lib64 has none, and no wheel folder is searched
-    before `wheels` makes one... which this test does not ask for), bin/caffe-cudnn names what is missing
-    and exits 77 instead of a loader error."""
+def test_cudnn_wrapper_says_skipped_without_cudnn_and_runs_with_it(root, run_in_root, wheels):
+    """On a GPU machine without cuDNN (the root's CUDA lib64 has none; the wheel folder is where env.sh
+    does not look), bin/caffe-cudnn names what is missing and exits 77 instead of a loader error; with
+    GPU_BUNDLE_CUDA_LIBS naming the wheel folders it starts and reports the missing driver."""
     dash = shutil.which("dash")
     if not dash or not run_in_root.chroot:
         pytest.skip("needs dash and chroot")
-    if (root / WHEELS_IN_ROOT.lstrip("/")).exists():
-        pytest.skip("the wheel folder already exists in this root (test order)")
     shutil.copy2(dash, root / "bundle" / "sh")
     sh = [BUNDLE_IN_ROOT + "/lib/ld-linux-x86-64.so.2", "--library-path", BUNDLE_IN_ROOT + "/lib", "/bundle/sh"]
     p = _run(root, True, [*sh, f"{BUNDLE_IN_ROOT}/bin/caffe-cudnn", "device_query", "-gpu", "0"],
@@ -385,6 +384,11 @@ def test_cudnn_wrapper_without_cudnn_says_skipped(root, run_in_root):
     p = _run(root, True, [*sh, f"{BUNDLE_IN_ROOT}/bin/caffe", "device_query", "-gpu", "0"],
              env={"PATH": "/nonexistent"})
     assert "CUDA driver version is insufficient" in _no_load_failure(p)
+    libs = f"{WHEELS_IN_ROOT}/cudnn/lib:{WHEELS_IN_ROOT}/nccl/lib"
+    p = _run(root, True, [*sh, f"{BUNDLE_IN_ROOT}/bin/caffe-cudnn", "device_query", "-gpu", "0"],
+             env={"PATH": "/nonexistent", "GPU_BUNDLE_CUDA_LIBS": libs})
+    out = _no_load_failure(p)
+    assert p.returncode not in (0, 77) and "CUDA driver version is insufficient" in out, out[-2000:]
 
 
 def test_env_sh_search_order(root, tmp_path):
