@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import deps, patches, paths, upstream
+from . import cudalibs, deps, patches, paths, upstream
 from .errors import CometError
 from .ui import console, counter, step
 
@@ -28,7 +28,8 @@ DEFAULT_CUDA_ARCHS = "75 80 86 89 90"
 @dataclass
 class BuildOptions:
     variant: str = "cpu"                 # cpu | cuda
-    cudnn: bool = False
+    cudnn: bool | None = None            # CUDA variant: None = when found, True = required, False = off
+    nccl: bool | None = None             # the same for NCCL (several GPUs in one `caffe train`)
     jobs: int = os.cpu_count() or 2
     build_dir: str | None = None
     upstream: str | None = None          # local tarball instead of fetching
@@ -46,6 +47,7 @@ class BuildResult:
     cmake_dir: Path
     compiled: int                        # objects compiled in this run (0 when nothing changed)
     log: Path
+    features: tuple[str, ...] = ()       # "cudnn", "nccl": what the CUDA variant was built with
 
 
 # ---------------------------------------------------------------------------- the patched tree
@@ -136,7 +138,8 @@ def sz_cmake_args(opts: BuildOptions) -> list[str]:
     return args
 
 
-def cmake_args(opts: BuildOptions, src: Path, python: str) -> list[str]:
+def cmake_args(opts: BuildOptions, src: Path, python: str, cudnn: cudalibs.Found | None = None,
+               nccl: cudalibs.Found | None = None) -> list[str]:
     args = [
         "-DCMAKE_BUILD_TYPE=Release", "-DBLAS=Open", "-Dpython_version=3",
         f"-DPYTHON_EXECUTABLE={python}", "-DBUILD_docs=OFF", "-DBUILD_matlab=OFF",
@@ -144,11 +147,20 @@ def cmake_args(opts: BuildOptions, src: Path, python: str) -> list[str]:
     ]
     args += ccache_launchers("CXX", "C")
     if opts.variant == "cpu":
-        args += ["-DCPU_ONLY=ON", "-DUSE_CUDNN=OFF"]
+        args += ["-DCPU_ONLY=ON", "-DUSE_CUDNN=OFF", "-DUSE_NCCL=OFF"]
     else:
         archs = opts.cuda_archs.replace(",", " ").split()
-        args += ["-DCPU_ONLY=OFF", f"-DUSE_CUDNN={'ON' if opts.cudnn else 'OFF'}",
-                 f"-DCUDA_NVCC_EXECUTABLE={nvcc_launcher(src.parent)}",
+        args.append("-DCPU_ONLY=OFF")
+        # the paths found here are handed to upstream's detect_cuDNN and FindNCCL (cache variables)
+        if cudnn:
+            args += ["-DUSE_CUDNN=ON", f"-DCUDNN_INCLUDE={cudnn.include}", f"-DCUDNN_LIBRARY={cudnn.library}"]
+        else:
+            args.append("-DUSE_CUDNN=OFF")
+        if nccl:
+            args += ["-DUSE_NCCL=ON", f"-DNCCL_INCLUDE_DIR={nccl.include}", f"-DNCCL_LIBRARIES={nccl.library}"]
+        else:
+            args.append("-DUSE_NCCL=OFF")
+        args += [f"-DCUDA_NVCC_EXECUTABLE={nvcc_launcher(src.parent)}",
                  "-DCUDA_ARCH_NAME=Manual", f"-DCUDA_ARCH_BIN={' '.join(archs)}",
                  f"-DCUDA_ARCH_PTX={archs[-1]}"]
     return args + list(opts.extra_cmake)
@@ -179,11 +191,56 @@ def find_nvcc() -> str:
     if not nvcc:
         raise CometError("CUDA variant needs nvcc (CUDA 12 or 13): install NVIDIA's CUDA toolkit "
                          "or use the CUDA Docker image (docker/cuda/Dockerfile)")
+    major = cuda_major(nvcc)
+    if major is None or major < 12:
+        raise CometError(f"{nvcc} is not CUDA 12 or 13 (release {major if major else 'unknown'})")
+    return nvcc
+
+
+def cuda_major(nvcc: str) -> int | None:
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     m = re.search(r"release (\d+)\.(\d+)", out)
-    if not m or int(m.group(1)) < 12:
-        raise CometError(f"{nvcc} is not CUDA 12 or 13 ({m.group(0) if m else 'unknown version'})")
-    return nvcc
+    return int(m.group(1)) if m else None
+
+
+def cuda_libraries(opts: BuildOptions, nvcc: str, env=None) -> tuple[cudalibs.Found | None, cudalibs.Found | None]:
+    """(cuDNN, NCCL) for the CUDA variant, as opts asks: each when found unless opted out; a required
+    one that is missing or too old is a CometError naming what to install (before anything is built)."""
+    major = cuda_major(nvcc)
+    cudnn = cudalibs.choose(
+        opts.cudnn, cudalibs.find_cudnn(cudalibs.default_roots(("CUDNN_ROOT", "CUDNN_HOME"), nvcc, env))
+        if opts.cudnn is not False else cudalibs.Search(None, ""), "cuDNN", "--cudnn", major)
+    nccl = cudalibs.choose(
+        opts.nccl, cudalibs.find_nccl(cudalibs.default_roots(("NCCL_ROOT", "NCCL_HOME", "NCCL_DIR"), nvcc, env))
+        if opts.nccl is not False else cudalibs.Search(None, ""), "NCCL", "--nccl", major)
+    return cudnn, nccl
+
+
+# The line caffe/cmake/Comet.cmake prints: what the variant was configured with.
+_CONFIGURED = re.compile(r"^-- COMET: (CPU_ONLY \S+, USE_CUDNN .*, USE_NCCL .*)$")
+
+
+def configure_line(log_path: Path, offset: int) -> str:
+    """Comet.cmake's "CPU_ONLY .., USE_CUDNN .., USE_NCCL .." line of the configure run that began at offset."""
+    with open(log_path, errors="replace") as f:
+        f.seek(offset)
+        for line in f:
+            m = _CONFIGURED.match(line.rstrip("\n"))
+            if m:
+                return m.group(1)
+    return ""
+
+
+def check_configured(line: str, cudnn, nccl, log_path: Path) -> None:
+    """What CMake configured is what was asked for: upstream's detect_cuDNN can still say no (it then
+    builds without cuDNN, silently)."""
+    if not line:
+        raise CometError(f"CMake's configure did not print its COMET configuration line; see {log_path}")
+    m = re.search(r"USE_CUDNN (\S+).*, USE_NCCL (\S+)", line)
+    for name, got, want in (("USE_CUDNN", m.group(1), bool(cudnn)), ("USE_NCCL", m.group(2), bool(nccl))):
+        if (got == "ON") != want:
+            raise CometError(f"CMake configured {name} {got} where {'ON' if want else 'OFF'} was asked for; "
+                             f"see {log_path}")
 
 
 _PCT = re.compile(r"^\[\s*(\d+)%\]")
@@ -242,7 +299,8 @@ def activate(result: BuildResult) -> str:
         link.unlink(missing_ok=True)
         link.symlink_to(result.cmake_dir / "tools" / tool)
     paths.active_marker().write_text(json.dumps(
-        {"variant": result.variant, "src": str(result.src), "cmake": str(result.cmake_dir)}))
+        {"variant": result.variant, "features": list(result.features), "src": str(result.src),
+         "cmake": str(result.cmake_dir)}))
     return f"`import caffe` and {', '.join(TOOLS)} in {bindir} now use the {result.variant} build"
 
 
@@ -251,7 +309,14 @@ def activate(result: BuildResult) -> str:
 def build(opts: BuildOptions) -> BuildResult:
     if opts.variant not in paths.VARIANTS:
         raise CometError(f"unknown variant {opts.variant!r}")
-    src, cmake_dir = paths.variant_dirs(opts.variant, opts.build_dir)
+    if opts.variant != "cuda" and (opts.cudnn or opts.nccl):
+        raise CometError(f"--{'cudnn' if opts.cudnn else 'nccl'} needs --cuda")
+    cudnn = nccl = None
+    if opts.variant == "cuda":
+        nvcc = find_nvcc()
+        cudnn, nccl = cuda_libraries(opts, nvcc)
+    features = tuple(f for f, on in (("cudnn", cudnn), ("nccl", nccl)) if on)
+    src, cmake_dir = paths.variant_dirs(opts.variant, opts.build_dir, features)
     cmake_dir.mkdir(parents=True, exist_ok=True)
     log_path = cmake_dir.parent / "build.log"
     with open(log_path, "w") as log:
@@ -260,8 +325,15 @@ def build(opts: BuildOptions) -> BuildResult:
         if installed:
             console.print(f"  installed: {' '.join(installed)}")
         if opts.variant == "cuda":
-            nvcc = find_nvcc()
             console.print(f"  nvcc: {nvcc}")
+            for name, flag, found, want in (("cuDNN", "cudnn", cudnn, opts.cudnn), ("NCCL", "nccl", nccl, opts.nccl)):
+                if found:
+                    console.print(f"  {found.describe()}")
+                elif want is False:
+                    console.print(f"  {name}: off (--no-{flag})")
+                else:
+                    console.print(f"  {name}: not found, building without it ({cudalibs.install_hint(name, cuda_major(nvcc))})")
+            console.print(f"  build folder: {cmake_dir.parent}")
 
         pin = upstream.Pin.load()
         archive, origin = upstream.obtain(pin, opts.upstream, log)
@@ -281,8 +353,14 @@ def build(opts: BuildOptions) -> BuildResult:
                    log, title="configure sz (CMake)", env=env)
         compiled = run_logged(["cmake", "--build", str(sz_dir), "-j", str(opts.jobs),
                                "--target", "sz"], log, title=f"build sz ({opts.variant})", env=env)
-        run_logged(["cmake", "-S", str(src), "-B", str(cmake_dir), *cmake_args(opts, src, python),
-                    f"-Dsz_DIR={sz_dir}"], log, title="configure (CMake)", env=env)
+        log.flush()
+        offset = log.tell()
+        run_logged(["cmake", "-S", str(src), "-B", str(cmake_dir),
+                    *cmake_args(opts, src, python, cudnn, nccl), f"-Dsz_DIR={sz_dir}"],
+                   log, title="configure (CMake)", env=env)
+        configured = configure_line(log_path, offset)
+        console.print(f"  configured: {configured}")
+        check_configured(configured, cudnn, nccl, log_path)
         # upstream names the caffe tool target caffe.bin (the library is "caffe")
         targets = ["caffe", "pycaffe", "caffe.bin", *TOOLS[1:]]
         if opts.tests:
@@ -290,7 +368,7 @@ def build(opts: BuildOptions) -> BuildResult:
         compiled += run_logged(["cmake", "--build", str(cmake_dir), "-j", str(opts.jobs),
                                "--target", *targets],
                               log, title=f"build ({opts.variant})", env=env)
-    result = BuildResult(opts.variant, src, cmake_dir, compiled, log_path)
+    result = BuildResult(opts.variant, src, cmake_dir, compiled, log_path, features)
     missing = [t for t in TOOLS if not (cmake_dir / "tools" / t).exists()]
     if missing:
         raise CometError(f"build finished but {', '.join(missing)} missing; see {log_path}")

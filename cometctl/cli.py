@@ -39,8 +39,12 @@ def main():
 @click.option("--cuda", "variant", flag_value="cuda", help="Build the CUDA variant (CUDA 12 or 13, sm_75+).")
 @click.option("--cpu-only", "variant", flag_value="cpu", default=True,
               help="Build the CPU-only variant (the default).")
-@click.option("--cudnn/--no-cudnn", default=False, show_default=True,
-              help="Use cuDNN in the CUDA variant (off until upstream's cuDNN code is ported to cuDNN 8+).")
+@click.option("--cudnn/--no-cudnn", default=None,
+              help="CUDA variant: use cuDNN (8 or 9) for convolution, pooling, ReLU, Sigmoid, TanH, "
+                   "Softmax, LRN [default: when found; --cudnn makes a missing cuDNN an error].")
+@click.option("--nccl/--no-nccl", default=None,
+              help="CUDA variant: build with NCCL 2 so one `caffe train -gpu 0,1` trains on several GPUs "
+                   "[default: when found; --nccl makes a missing NCCL an error].")
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel compile jobs [default: all cores].")
 @click.option("--build-dir", type=click.Path(file_okay=False), default=None,
               help="Where sources and objects go [default: ./build or $COMET_BUILD_DIR].")
@@ -54,20 +58,21 @@ def main():
               help="CUDA architectures, e.g. '90' or '75 80 90' [default: 75 80 86 89 90].")
 @click.option("--no-activate", is_flag=True,
               help="Build only; do not point `import caffe` and the venv's caffe tools at this build.")
-def build(variant, cudnn, jobs, build_dir, upstream, install_deps, tests, cuda_arch, no_activate):
+def build(variant, cudnn, nccl, jobs, build_dir, upstream, install_deps, tests, cuda_arch, no_activate):
     """Build the fork: fetch the pinned upstream Caffe, verify it, apply our patch series, lay our
     files over it, and build libcaffe, the tools (caffe, convert_imageset, compute_image_mean) and
-    pycaffe with CMake. Re-running after a change rebuilds only what changed."""
+    pycaffe with CMake. Re-running after a change rebuilds only what changed.
+
+    The CUDA variant goes to build/cuda, or build/cuda-cudnn-nccl (cuda-cudnn, cuda-nccl) when it
+    uses cuDNN and NCCL, so each configuration keeps its own objects."""
     import os
 
     from .build import DEFAULT_CUDA_ARCHS, BuildOptions, build as run_build
 
-    if cudnn and variant != "cuda":
-        raise CometError("--cudnn needs --cuda")
-    if cudnn:
-        raise CometError("--cudnn is not available yet: upstream's cuDNN layers predate the cuDNN 8 API "
-                         "and are not ported; build with --cuda --no-cudnn")
-    run_build(BuildOptions(variant=variant, cudnn=cudnn, jobs=jobs or os.cpu_count() or 2,
+    for flag, on in (("--cudnn", cudnn), ("--nccl", nccl)):
+        if on and variant != "cuda":
+            raise CometError(f"{flag} needs --cuda")
+    run_build(BuildOptions(variant=variant, cudnn=cudnn, nccl=nccl, jobs=jobs or os.cpu_count() or 2,
                            build_dir=build_dir, upstream=upstream, install_deps=install_deps,
                            tests=tests, activate=not no_activate,
                            cuda_archs=cuda_arch or DEFAULT_CUDA_ARCHS))

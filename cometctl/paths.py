@@ -26,12 +26,28 @@ def build_dir(override: str | os.PathLike | None = None) -> Path:
 
 
 VARIANTS = ("cpu", "cuda")
+# The CUDA variant's folders by what it links besides CUDA (cometctl build --cuda uses cuDNN and NCCL
+# when it finds them): each configuration has its own folder, so switching never recompiles all.
+# Looked up in this order when a CUDA build is asked for and none is active.
+CUDA_FEATURE_SETS = (("cudnn", "nccl"), ("cudnn",), ("nccl",), ())
 
 
-def variant_dirs(variant: str, override: str | os.PathLike | None = None) -> tuple[Path, Path]:
-    """(patched source tree, CMake binary dir) of one build variant."""
-    root = build_dir(override) / variant
+def variant_name(variant: str, features: tuple[str, ...] | list[str] = ()) -> str:
+    """build/<name>: cpu, cuda, cuda-cudnn, cuda-nccl, cuda-cudnn-nccl."""
+    return "-".join([variant, *features])
+
+
+def variant_dirs(variant: str, override: str | os.PathLike | None = None,
+                 features: tuple[str, ...] | list[str] = ()) -> tuple[Path, Path]:
+    """(patched source tree, CMake binary dir) of one build variant and configuration."""
+    root = build_dir(override) / variant_name(variant, features)
     return root / "src", root / "cmake"
+
+
+def _all_variant_dirs(variant: str, override) -> list[tuple[Path, Path]]:
+    if variant == "cuda":
+        return [variant_dirs("cuda", override, f) for f in CUDA_FEATURE_SETS]
+    return [variant_dirs(variant, override)]
 
 
 def active_marker() -> Path:
@@ -56,7 +72,8 @@ def _candidates(variant: str | None, override) -> list[tuple[Path, Path]]:
     out = []
     if active and not override and (variant is None or active.get("variant") == variant):
         out.append((Path(active["src"]), Path(active["cmake"])))
-    out += [variant_dirs(v, override) for v in ([variant] if variant else list(VARIANTS))]
+    for v in ([variant] if variant else list(VARIANTS)):
+        out += _all_variant_dirs(v, override)
     return out
 
 

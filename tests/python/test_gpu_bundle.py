@@ -1,8 +1,11 @@
 """scripts/gpu-bundle and scripts/gpu-check without a GPU: the bundle builds under 60 MiB, and in an
 empty root (nothing but the unpacked bundle and this machine's CUDA toolkit lib64 standing for the GPU
 machine's CUDA runtime) every shipped binary starts under chroot and reports the missing driver or
-device instead of failing to load a library. Needs the CUDA build (`cometctl build --cuda --tests`,
-build/cuda); skipped without it.
+device instead of failing to load a library. Needs the CUDA build (`cometctl build --cuda --no-cudnn
+--no-nccl --tests`, build/cuda); skipped without it. With the cuDNN + NCCL build beside it
+(build/cuda-cudnn-nccl) the bundle holds that one too: the root's CUDA lib64 leaves libcudnn and
+libnccl out (a GPU machine without them: its steps say "skipped"), and a wheel-like folder in the root
+(PyTorch's nvidia/cudnn/lib, nvidia/nccl/lib) brings them for the tests that start the cuDNN binaries.
 
 The root is entered with chroot(8) when this process may (root); otherwise the bundle's loader is run
 directly with a cleared environment, which checks less (a library missing from the bundle could still
@@ -22,6 +25,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_BUILD = ROOT / "build" / "cuda"
+CUDNN_BUILD = ROOT / "build" / "cuda-cudnn-nccl"
+HAVE_CUDNN_BUILD = (CUDNN_BUILD / "cmake" / "tools" / "caffe").exists() and \
+    (CUDNN_BUILD / "cmake" / "test" / "test.testbin").exists()
+NEEDS_CUDNN_BUILD = pytest.mark.skipif(not HAVE_CUDNN_BUILD, reason="no cuDNN + NCCL build (build/cuda-cudnn-nccl)")
+# where the root keeps cuDNN and NCCL when a test wants them: PyTorch's wheel layout, under a prefix env.sh
+# does not search by itself (so the root stays one without cuDNN unless GPU_BUNDLE_CUDA_LIBS names it)
+WHEELS_IN_ROOT = "/opt/venv/lib/python3.12/site-packages/nvidia"
 CUDA_LIB64 = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64"
 LIMIT = 60 * 2**20
 BUNDLE_IN_ROOT = "/bundle/gpu-check"
@@ -46,12 +56,15 @@ def bundle(tmp_path_factory) -> Path:
     return out
 
 
-def _link_tree(src: Path, dest: Path, needed: set[str]) -> None:
-    """dest mirrors src (symlinks kept as they are, files hard-linked; nothing writes to them); where hard
-    links are refused (another file system), only the needed libraries are copied, under their SONAMEs."""
+def _link_tree(src: Path, dest: Path, needed: set[str], leave_out: tuple[str, ...] = ()) -> None:
+    """dest mirrors src (symlinks kept as they are, files hard-linked; nothing writes to them) but for the
+    names starting with leave_out; where hard links are refused (another file system), only the needed
+    libraries are copied, under their SONAMEs."""
     dest.mkdir(parents=True)
     try:
         for f in src.iterdir():
+            if f.name.startswith(leave_out):
+                continue
             if f.is_symlink():
                 (dest / f.name).symlink_to(os.readlink(f))
             elif f.is_file():
@@ -75,13 +88,15 @@ def _info(top: Path, key: str) -> str:
 
 @pytest.fixture(scope="module")
 def root(bundle, tmp_path_factory) -> Path:
-    """An empty root: the bundle at /bundle, the CUDA toolkit's lib64 at /usr/local/cuda/lib64, /tmp."""
+    """An empty root: the bundle at /bundle, the CUDA toolkit's lib64 at /usr/local/cuda/lib64 (without
+    libcudnn and libnccl), /tmp."""
     r = tmp_path_factory.mktemp("root")
     (r / "bundle").mkdir()
     subprocess.run(["tar", "-C", str(r / "bundle"), "-xf", str(bundle)], check=True)
     top = r / BUNDLE_IN_ROOT.lstrip("/")
     needed = set(_info(top, "cuda_sonames").split())
-    _link_tree(CUDA_LIB64.resolve(), r / "usr" / "local" / "cuda" / "lib64", needed)
+    _link_tree(CUDA_LIB64.resolve(), r / "usr" / "local" / "cuda" / "lib64", needed,
+               leave_out=("libcudnn", "libnccl"))
     (r / "tmp").mkdir(mode=0o1777)
     (r / "work").mkdir()
     return r
@@ -117,17 +132,49 @@ def run_in_root(root):
     print("empty root entered with chroot(2)" if chroot else
           "chroot not permitted: the bundle's loader runs directly with a cleared environment")
 
-    def run(binary: str, *args: str, sz: bool = False, timeout: int = 120, cwd: str = "/work"):
-        libs = ([BUNDLE_IN_ROOT + "/lib/sz"] if sz else []) + [BUNDLE_IN_ROOT + "/lib", "/usr/local/cuda/lib64"]
+    def run(binary: str, *args: str, sz: bool = False, cudnn: bool = False, timeout: int = 120,
+            cwd: str = "/work"):
+        libs = _libs(sz, cudnn)
         if not chroot:
             libs = [str(root) + d for d in libs]
-        cmd = [BUNDLE_IN_ROOT + "/lib/ld-linux-x86-64.so.2", "--library-path", ":".join(libs),
-               f"{BUNDLE_IN_ROOT}/libexec/{binary}", *args]
+        exe = f"{BUNDLE_IN_ROOT}/{'cudnn/libexec' if cudnn else 'libexec'}/{binary}"
+        cmd = [BUNDLE_IN_ROOT + "/lib/ld-linux-x86-64.so.2", "--library-path", ":".join(libs), exe, *args]
         return _run(root, chroot, cmd, cwd=cwd, env={"GLOG_logtostderr": "1"}, timeout=timeout)
 
     run.chroot = chroot
     run.root = root
     return run
+
+
+def _libs(sz: bool = False, cudnn: bool = False) -> list[str]:
+    """The library path (inside the root) of the sz binaries, the first build's, or the cuDNN build's
+    (whose libcudnn and libnccl come from the wheel folder made by `wheels`)."""
+    if sz:
+        return [BUNDLE_IN_ROOT + "/lib/sz", BUNDLE_IN_ROOT + "/lib", "/usr/local/cuda/lib64"]
+    if cudnn:
+        return [BUNDLE_IN_ROOT + "/cudnn/lib", BUNDLE_IN_ROOT + "/lib", "/usr/local/cuda/lib64",
+                WHEELS_IN_ROOT + "/cudnn/lib", WHEELS_IN_ROOT + "/nccl/lib"]
+    return [BUNDLE_IN_ROOT + "/lib", "/usr/local/cuda/lib64"]
+
+
+@pytest.fixture(scope="module")
+def wheels(root) -> Path:
+    """libcudnn*.so.9 and libnccl.so.2 of this machine's CUDA in the root where PyTorch's nvidia-cudnn and
+    nvidia-nccl wheels keep them (hard links: several hundred MB that are not copied)."""
+    if not HAVE_CUDNN_BUILD:
+        pytest.skip("no cuDNN + NCCL build (build/cuda-cudnn-nccl)")
+    base = root / WHEELS_IN_ROOT.lstrip("/")
+    for sub, pattern in (("cudnn", "libcudnn*.so.9"), ("nccl", "libnccl.so.2")):
+        d = base / sub / "lib"
+        if d.exists():
+            continue
+        d.mkdir(parents=True)
+        for f in sorted(CUDA_LIB64.glob(pattern)):
+            try:
+                os.link(f.resolve(), d / f.name)
+            except OSError:
+                pytest.skip(f"cannot hard-link {f} into the root")
+    return base
 
 
 def _no_load_failure(p: subprocess.CompletedProcess) -> str:
@@ -148,21 +195,32 @@ def test_bundle_is_under_60_mib_and_has_what_the_check_runs(bundle):
               "lib/libsz.so.1", "lib/sz/libsz.so.1", "models/caffenet/train_val.prototxt",
               "models/resnet18/train_val.prototxt", "testroot/src/caffe/test/test_data/solver_data.h5"):
         assert "gpu-check/" + f in names, f
-    # the driver and the CUDA runtime libraries come from the GPU machine
+    # the driver and the CUDA runtime libraries come from the GPU machine, and so do cuDNN and NCCL
     for n in names:
-        assert not re.search(r"/lib(cuda|cudart|cublas|cublasLt|curand|cudnn|nccl)\.so", n), n
+        assert not re.search(r"/lib(cuda|cudart|cublas|cublasLt|curand|cudnn|nccl)[._]", n), n
+    if HAVE_CUDNN_BUILD:
+        for f in ("bin/caffe-cudnn", "bin/test.testbin-cudnn", "cudnn/libexec/caffe", "cudnn/libexec/test.testbin",
+                  "cudnn/lib/libcaffe.so.1.0.0", "lib/libz.so.1"):
+            assert "gpu-check/" + f in names, f
+        with tarfile.open(bundle) as t:
+            info = t.extractfile("gpu-check/BUILDINFO").read().decode()
+        assert "cudnn_build=yes" in info and re.search(r"^optional_sonames=libcudnn\.so\.9 libnccl\.so\.2$", info, re.M)
+        assert not re.search(r"^cuda_sonames=.*(cudnn|nccl)", info, re.M), info  # the first build needs neither
 
 
-def test_every_shipped_elf_resolves_inside_the_root(root, run_in_root):
+def test_every_shipped_elf_resolves_inside_the_root(root, run_in_root, request):
     """`ld.so --list` on every binary and library: each NEEDED is found, in the bundle or the CUDA lib64."""
     top = root / BUNDLE_IN_ROOT.lstrip("/")
     files = [f"libexec/{b}" for b in ("caffe", "test.testbin", "sz_test_gpu", "sz_bench")]
     files += [f"lib/{p.name}" for p in sorted((top / "lib").iterdir())
               if p.is_file() and p.name != "ld-linux-x86-64.so.2"] + ["lib/sz/libsz.so.1"]
+    if HAVE_CUDNN_BUILD:
+        files += ["cudnn/libexec/caffe", "cudnn/libexec/test.testbin", "cudnn/lib/libcaffe.so.1.0.0"]
+        request.getfixturevalue("wheels")
     prefix = "" if run_in_root.chroot else str(root)
-    inside = (prefix + BUNDLE_IN_ROOT + "/", prefix + "/usr/local/cuda/lib64/")
+    inside = (prefix + BUNDLE_IN_ROOT + "/", prefix + "/usr/local/cuda/lib64/", prefix + WHEELS_IN_ROOT + "/")
     for f in files:
-        libs = ([BUNDLE_IN_ROOT + "/lib/sz"] if "sz" in f else []) + [BUNDLE_IN_ROOT + "/lib", "/usr/local/cuda/lib64"]
+        libs = _libs(sz="sz" in f, cudnn=f.startswith("cudnn/"))
         libs = [prefix + d for d in libs]
         cmd = [BUNDLE_IN_ROOT + "/lib/ld-linux-x86-64.so.2", "--library-path", ":".join(libs), "--list",
                f"{BUNDLE_IN_ROOT}/{f}"]
@@ -286,12 +344,61 @@ def test_wrappers_run_from_a_bare_shell_and_find_cuda(root, run_in_root):
     assert p.returncode != 0 and "CUDA driver version is insufficient" in out, out[-2000:]
 
 
+@NEEDS_CUDNN_BUILD
+def test_cudnn_build_starts_with_cudnn_and_nccl_from_wheel_folders(root, run_in_root, wheels):
+    """The cuDNN + NCCL build's caffe and test.testbin load (libcudnn, libnccl from nvidia/*/lib, libz from
+    the bundle) and report the missing driver; its gtests list upstream's CuDNN suites and our cuDNN rows,
+    and the cuDNN rows that need no GPU pass there."""
+    p = run_in_root("caffe", "device_query", "-gpu", "0", cudnn=True)
+    out = _no_load_failure(p)
+    assert p.returncode != 0
+    assert re.search(r"CUDA driver version is insufficient|no CUDA-capable device|cudaSuccess", out), out[-2000:]
+    p = run_in_root("test.testbin", "--gtest_list_tests", cudnn=True)
+    out = _no_load_failure(p)
+    assert p.returncode == 0, out[-2000:]
+    for suite in ("CuDNNConvolutionLayerTest/0.", "CuDNNPoolingLayerTest/1.", "CuDNNNeuronLayerTest/0.",
+                  "CuDNNSoftmaxLayerTest/0.", "CuDNNLRNLayerTest/0."):
+        assert suite in out, suite
+    assert "EveryCuDNNRowHoldsOnTheGPU" in out and "CuDNNClassesHaveRowsOfTheirOwn" in out
+    p = run_in_root("test.testbin", "--gtest_filter=CometFactsTest.CuDNNClassesHaveRowsOfTheirOwn", cudnn=True,
+                    cwd="/work")
+    out = _no_load_failure(p)
+    assert p.returncode == 0 and "[  PASSED  ] 1 test." in out, out[-3000:]
+
+
+@NEEDS_CUDNN_BUILD
+def test_cudnn_wrapper_says_skipped_without_cudnn_and_runs_with_it(root, run_in_root, wheels):
+    """On a GPU machine without cuDNN (the root's CUDA lib64 has none; the wheel folder is where env.sh
+    does not look), bin/caffe-cudnn names what is missing and exits 77 instead of a loader error; with
+    GPU_BUNDLE_CUDA_LIBS naming the wheel folders it starts and reports the missing driver."""
+    dash = shutil.which("dash")
+    if not dash or not run_in_root.chroot:
+        pytest.skip("needs dash and chroot")
+    shutil.copy2(dash, root / "bundle" / "sh")
+    sh = [BUNDLE_IN_ROOT + "/lib/ld-linux-x86-64.so.2", "--library-path", BUNDLE_IN_ROOT + "/lib", "/bundle/sh"]
+    p = _run(root, True, [*sh, f"{BUNDLE_IN_ROOT}/bin/caffe-cudnn", "device_query", "-gpu", "0"],
+             env={"PATH": "/nonexistent"})
+    assert p.returncode == 77, p.stdout + p.stderr
+    assert "gpu-bundle: skipped: no libcudnn.so.9 found" in p.stderr, p.stderr
+    # the first build's caffe is unaffected
+    p = _run(root, True, [*sh, f"{BUNDLE_IN_ROOT}/bin/caffe", "device_query", "-gpu", "0"],
+             env={"PATH": "/nonexistent"})
+    assert "CUDA driver version is insufficient" in _no_load_failure(p)
+    libs = f"{WHEELS_IN_ROOT}/cudnn/lib:{WHEELS_IN_ROOT}/nccl/lib"
+    p = _run(root, True, [*sh, f"{BUNDLE_IN_ROOT}/bin/caffe-cudnn", "device_query", "-gpu", "0"],
+             env={"PATH": "/nonexistent", "GPU_BUNDLE_CUDA_LIBS": libs})
+    out = _no_load_failure(p)
+    assert p.returncode not in (0, 77) and "CUDA driver version is insufficient" in out, out[-2000:]
+
+
 def test_env_sh_search_order(root, tmp_path):
     """GPU_BUNDLE_CUDA_LIBS first, then $CUDA_HOME, ..., PyTorch's nvidia/*/lib wheel folders under ~/.local;
     a library found nowhere is named."""
     dash = shutil.which("dash") or shutil.which("sh")
     env_sh = (root / BUNDLE_IN_ROOT.lstrip("/") / "env.sh").read_text()
     env_sh = re.sub(r'^CUDA_SONAMES=".*"$', 'CUDA_SONAMES="libfakecudart.so.99 libfakeblas.so.98"', env_sh,
+                    flags=re.M)
+    env_sh = re.sub(r'^OPTIONAL_SONAMES=".*"$', 'OPTIONAL_SONAMES="libfakednn.so.9 libfakeccl.so.2"', env_sh,
                     flags=re.M)
     (tmp_path / "env.sh").write_text(env_sh)
     wheel = tmp_path / "home" / ".local" / "lib" / "python3.12" / "site-packages" / "nvidia" / "cu13" / "lib"
@@ -300,19 +407,26 @@ def test_env_sh_search_order(root, tmp_path):
         (tmp_path / d).mkdir(parents=True)
     (wheel / "libfakecudart.so.99").touch()
     (wheel / "libfakeblas.so.98").touch()
+    dnn = wheel.parent.parent / "cudnn" / "lib"
+    dnn.mkdir(parents=True)
+    (dnn / "libfakednn.so.9").touch()
     (tmp_path / "cudahome" / "lib64" / "libfakeblas.so.98").touch()
     (tmp_path / "override" / "libfakecudart.so.99").touch()
 
     def find(**env) -> subprocess.CompletedProcess:
-        script = f". {tmp_path}/env.sh; echo \"[$GPU_BUNDLE_LIBPATH]\""
+        script = (f". {tmp_path}/env.sh; echo \"[$GPU_BUNDLE_LIBPATH]\"; "
+                  f"echo \"[$GPU_BUNDLE_OPTIONAL_LIBPATH][$GPU_BUNDLE_OPTIONAL_MISSING]\"")
         return subprocess.run([dash, "-c", script], capture_output=True, text=True,
                               env={"HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", **env})
 
     p = find()
-    paths = p.stdout.strip().strip("[]").split(":")
+    paths = p.stdout.splitlines()[0].strip("[]").split(":")
     assert str(wheel) in paths, p.stdout + p.stderr
+    # cuDNN from its own wheel folder; the NCCL stand-in found nowhere: named, without a message
+    assert p.stdout.splitlines()[1] == f"[:{dnn}][libfakeccl.so.2]", p.stdout
+    assert "libfakeccl" not in p.stderr and str(dnn) not in paths
     p = find(CUDA_HOME=str(tmp_path / "cudahome"), GPU_BUNDLE_CUDA_LIBS=str(tmp_path / "override"))
-    paths = p.stdout.strip().strip("[]").split(":")
+    paths = p.stdout.splitlines()[0].strip("[]").split(":")
     assert paths[1:3] == [str(tmp_path / "override"), str(tmp_path / "cudahome" / "lib64")], p.stdout
     (wheel / "libfakeblas.so.98").unlink()
     p = find()
@@ -331,9 +445,39 @@ def test_gpu_check_without_a_gpu_names_each_step_and_writes_few_files(bundle, tm
     assert len(files) <= 8 and "summary.txt" in files, files
     summary = (out / "summary.txt").read_text()
     assert summary.startswith("COMET-Caffe GPU check: FAIL")
-    for step in ("device", "gtest-comet", "sz-test-gpu", "sz-bench", "train-caffenet-off", "train-caffenet-on",
-                 "train-resnet18-off", "train-resnet18-on", "gtest-upstream", "gtest-upstream-double"):
+    for step in ("device", "gtest-comet", "gtest-comet-cudnn", "sz-test-gpu", "sz-bench", "train-caffenet-off",
+                 "train-caffenet-on", "train-caffenet-cudnn-off", "train-caffenet-cudnn-on", "train-resnet18-off",
+                 "train-resnet18-on", "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "gtest-upstream",
+                 "gtest-upstream-double"):
         assert re.search(rf"^{re.escape(step)} +(PASS|FAIL|TIMEOUT|SKIP) ", summary, re.M), (step, summary)
+    # no GPU here, so none to spread -gpu all over: not applicable, which alone would not make it INCOMPLETE
+    for mode in ("off", "on"):
+        assert re.search(rf"^train-caffenet-allgpu-{mode} +N/A .*-gpu all needs two or more", summary, re.M), summary
     assert re.search(r"^device +FAIL .*CUDA driver version is insufficient", summary, re.M), summary
     assert re.search(r"^sz-test-gpu +FAIL .*no CUDA device", summary, re.M), summary
     assert not LOAD_FAILURE.search(summary), summary
+
+
+def test_gpu_check_skips_the_cudnn_steps_without_libcudnn(bundle, tmp_path):
+    """What a GPU machine without cuDNN sees: the bundle's env.sh made to look for a libcudnn that no
+    folder has (this machine's CUDA has the real one); every cuDNN step is SKIP and says why, and the
+    upstream gtests fall back to the first build."""
+    (tmp_path / "b").mkdir()
+    subprocess.run(["tar", "-C", str(tmp_path / "b"), "-xf", str(bundle)], check=True)
+    top = tmp_path / "b" / "gpu-check"
+    if _info(top, "cudnn_build") != "yes":
+        pytest.skip("the bundle has no cuDNN build")
+    env_sh = top / "env.sh"
+    env_sh.write_text(re.sub(r'^OPTIONAL_SONAMES="libcudnn\.so\.9 ', 'OPTIONAL_SONAMES="libcudnn.so.99 ',
+                             env_sh.read_text(), flags=re.M))
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), GPU_CHECK_BUDGET="40", GPU_CHECK_SZ_MIB="16")
+    p = subprocess.run(["bash", str(top / "run")], capture_output=True, text=True, env=env, timeout=300)
+    summary = (out / "summary.txt").read_text()
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    why = "skipped: no libcudnn.so.99 found"
+    for step in ("gtest-comet-cudnn", "train-caffenet-cudnn-off", "train-caffenet-cudnn-on",
+                 "train-resnet18-cudnn-off", "train-resnet18-cudnn-on"):
+        assert re.search(rf"^{re.escape(step)} +SKIP .*{re.escape(why)}", summary, re.M), (step, summary)
+    assert "cudnn_build\tskipped: no libcudnn.so.99 found" in (out / "results.tsv").read_text()
+    assert "no libcudnn.so.99 found" in (out / "device.txt").read_text()

@@ -66,6 +66,17 @@
 #include "caffe/layers/image_data_layer.hpp"
 #include "caffe/layers/window_data_layer.hpp"
 #endif
+#ifdef USE_CUDNN
+#include "caffe/layers/cudnn_conv_layer.hpp"
+#include "caffe/layers/cudnn_deconv_layer.hpp"
+#include "caffe/layers/cudnn_lcn_layer.hpp"
+#include "caffe/layers/cudnn_lrn_layer.hpp"
+#include "caffe/layers/cudnn_pooling_layer.hpp"
+#include "caffe/layers/cudnn_relu_layer.hpp"
+#include "caffe/layers/cudnn_sigmoid_layer.hpp"
+#include "caffe/layers/cudnn_softmax_layer.hpp"
+#include "caffe/layers/cudnn_tanh_layer.hpp"
+#endif
 
 namespace caffe {
 
@@ -248,6 +259,21 @@ void ContrastiveLossRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerF
   f->bottom[2] = COMET_READS_VALUE;  // the similarity label; distances are its own
 }
 
+// ---------------------------------------------------------------------------------- cuDNN
+// The cuDNN engines are subclasses that override Backward_gpu (their CPU mode is the parent's
+// code, which reads a subset of what the rows below say). Each cuDNN backward call takes the
+// data pointers of both the input and the output (cudnnActivationBackward, cudnnPoolingBackward,
+// cudnnSoftmaxBackward (whose caller fetches the input too), cudnnLRNCrossChannelBackward,
+// cudnnDivisiveNormalizationBackward), and what cuDNN does with them is not ours to know: both are
+// read. cuDNN pooling keeps no argmax and cuDNN LRN no scale_ of Caffe's, so no private buffer.
+
+// ReLU: cuDNN when negative_slope is 0; otherwise upstream falls back to ReLULayer's Backward.
+template <typename Dtype>
+void CuDNNReLURow(const Layer<Dtype>& l, const CometLayerShape& s, CometLayerFacts* f) {
+  if (l.layer_param().relu_param().negative_slope() != 0) ReLURow<Dtype>(l, s, f);
+  else ReadsBoth<Dtype>(l, s, f);
+}
+
 }  // namespace
 
 template <typename Dtype>
@@ -360,7 +386,19 @@ REGISTER_COMET_FACTS("Parameter", ParameterLayer, ReadsNothing);
 REGISTER_COMET_FACTS("ImageData", ImageDataLayer, ReadsNothing);
 REGISTER_COMET_FACTS("WindowData", WindowDataLayer, ReadsNothing);
 #endif
+#ifdef USE_CUDNN
+// cudnnConvolutionBackwardFilter reads the input, BackwardData the weights and the output's diff.
+REGISTER_COMET_FACTS("Convolution", CuDNNConvolutionLayer, WeightedLinear);
+REGISTER_COMET_FACTS("Deconvolution", CuDNNDeconvolutionLayer, ReadsBottom);
+REGISTER_COMET_FACTS("ReLU", CuDNNReLULayer, CuDNNReLURow);
+REGISTER_COMET_FACTS("Sigmoid", CuDNNSigmoidLayer, ReadsBoth);
+REGISTER_COMET_FACTS("TanH", CuDNNTanHLayer, ReadsBoth);
+REGISTER_COMET_FACTS("Softmax", CuDNNSoftmaxLayer, ReadsBoth);
+REGISTER_COMET_FACTS("Pooling", CuDNNPoolingLayer, ReadsBoth);
+REGISTER_COMET_FACTS("LRN", CuDNNLRNLayer, ReadsBoth);  // ACROSS_CHANNELS
+REGISTER_COMET_FACTS("LRN", CuDNNLCNLayer, ReadsBoth);  // WITHIN_CHANNEL
+#endif
 // Without a row, and so reading everything: LSTM, RNN (unrolled nets sharing the bottoms'
-// memory), LSTMUnit, Python, and every cuDNN class.
+// memory), LSTMUnit, Python.
 
 }  // namespace caffe

@@ -4,7 +4,8 @@
 // one run, freed in another, so that even touching the pointer fails) and replaces what it reads
 // only by sign with 1/0, runs Backward, and requires bottom and parameter diffs bit-identical to
 // an unpoisoned run. Every type in Caffe's layer registry must be checked here or listed with
-// the reason it cannot be.
+// the reason it cannot be. The rows of the CAFFE engines are checked on the CPU and, where a GPU
+// is, on the GPU too; the rows of the cuDNN engines (a cuDNN build) on the GPU.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -24,7 +25,16 @@
 #include "caffe/common.hpp"
 #include "caffe/filler.hpp"
 #include "caffe/layer_factory.hpp"
+#include "caffe/layers/conv_layer.hpp"
+#include "caffe/layers/lrn_layer.hpp"
+#include "caffe/layers/pooling_layer.hpp"
 #include "caffe/layers/relu_layer.hpp"
+#ifdef USE_CUDNN
+#include "caffe/layers/cudnn_conv_layer.hpp"
+#include "caffe/layers/cudnn_lrn_layer.hpp"
+#include "caffe/layers/cudnn_pooling_layer.hpp"
+#include "caffe/layers/cudnn_relu_layer.hpp"
+#endif
 #include "caffe/syncedmem.hpp"
 #include "caffe/util/math_functions.hpp"
 
@@ -44,6 +54,9 @@ struct FactConfig {
   std::vector<bool> propagate;
   int tops;
   bool in_place;
+  bool cudnn;  // the cuDNN engine (else CAFFE, whatever DEFAULT means in this build)
+  // Builds the layer instead of the layer factory (cuDNN max pooling, which the factory never makes).
+  shared_ptr<Layer<float> > (*make)(const LayerParameter&);
 };
 
 class Configs {
@@ -55,7 +68,14 @@ class Configs {
     c.param = param;
     c.tops = tops;
     c.in_place = false;
+    c.cudnn = false;
+    c.make = NULL;
     list_.push_back(c);
+    return *this;
+  }
+  Configs& CuDNN() { list_.back().cudnn = true; return *this; }
+  Configs& Make(shared_ptr<Layer<float> > (*make)(const LayerParameter&)) {
+    list_.back().make = make;
     return *this;
   }
   Configs& Bottom(const std::vector<int>& shape, int int_range = 0, bool positive = false,
@@ -217,6 +237,75 @@ Configs AllConfigs() {
   return c;
 }
 
+#ifdef USE_CUDNN
+shared_ptr<Layer<float> > MakeCuDNNPooling(const LayerParameter& p) {
+  return shared_ptr<Layer<float> >(new CuDNNPoolingLayer<float>(p));
+}
+
+// The cuDNN engines' configurations (run on a GPU: their CPU mode is the CAFFE engines' code).
+Configs CuDNNConfigs() {
+  const std::vector<int> img = S(2, 3, 5, 5);
+  const std::string w(kW);
+  Configs c;
+  c.Add("Convolution", "type: 'Convolution' convolution_param { num_output: 4 kernel_size: 3 "
+        "pad: 1" + w + "}").Bottom(img).CuDNN();
+  c.Add("Convolution", "type: 'Convolution' convolution_param { num_output: 6 kernel_size: 3 "
+        "group: 3 stride: 2" + w + "}").Bottom(img).CuDNN();
+  c.Add("Convolution", "type: 'Convolution' convolution_param { num_output: 4 kernel_size: 3"
+        + w + "}").Fixed(img).CuDNN();
+  c.Add("Deconvolution", "type: 'Deconvolution' convolution_param { num_output: 2 "
+        "kernel_size: 2 stride: 2" + w + "}").Bottom(img).CuDNN();
+  c.Add("ReLU", "type: 'ReLU'").Bottom(img).CuDNN();
+  c.Add("ReLU", "type: 'ReLU'").Bottom(img).InPlace().CuDNN();
+  c.Add("ReLU", "type: 'ReLU' relu_param { negative_slope: 0.1 }").Bottom(img).CuDNN();
+  c.Add("ReLU", "type: 'ReLU' relu_param { negative_slope: 0.1 }").Bottom(img).InPlace().CuDNN();
+  c.Add("Sigmoid", "type: 'Sigmoid'").Bottom(img).CuDNN();
+  c.Add("Sigmoid", "type: 'Sigmoid'").Bottom(img).InPlace().CuDNN();
+  c.Add("TanH", "type: 'TanH'").Bottom(img).CuDNN();
+  c.Add("TanH", "type: 'TanH'").Bottom(img).InPlace().CuDNN();
+  c.Add("Softmax", "type: 'Softmax'").Bottom(img).CuDNN();
+  c.Add("Pooling", "type: 'Pooling' pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 }")
+      .Bottom(img).CuDNN();
+  c.Add("Pooling", "type: 'Pooling' pooling_param { pool: AVE global_pooling: true }")
+      .Bottom(img).CuDNN();
+  c.Add("Pooling", "type: 'Pooling' pooling_param { pool: MAX kernel_size: 3 stride: 2 }")
+      .Bottom(img).CuDNN().Make(&MakeCuDNNPooling);
+  c.Add("LRN", "type: 'LRN' lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 }").Bottom(img)
+      .CuDNN();
+  c.Add("LRN", "type: 'LRN' lrn_param { local_size: 3 alpha: 0.5 norm_region: WITHIN_CHANNEL }")
+      .Bottom(S(2, 3, 6, 6)).CuDNN();
+  return c;
+}
+#endif
+
+// The engine of the types that have several: CAFFE, or cuDNN where the configuration asks (in a
+// cuDNN build DEFAULT means cuDNN for most of them, and the CAFFE rows are to be checked).
+void SetEngine(LayerParameter* lp, bool cudnn) {
+  const std::string& t = lp->type();
+  if (t == "Convolution" || t == "Deconvolution") {
+    lp->mutable_convolution_param()->set_engine(cudnn ? ConvolutionParameter_Engine_CUDNN
+                                                      : ConvolutionParameter_Engine_CAFFE);
+  } else if (t == "ReLU") {
+    lp->mutable_relu_param()->set_engine(cudnn ? ReLUParameter_Engine_CUDNN
+                                               : ReLUParameter_Engine_CAFFE);
+  } else if (t == "Sigmoid") {
+    lp->mutable_sigmoid_param()->set_engine(cudnn ? SigmoidParameter_Engine_CUDNN
+                                                  : SigmoidParameter_Engine_CAFFE);
+  } else if (t == "TanH") {
+    lp->mutable_tanh_param()->set_engine(cudnn ? TanHParameter_Engine_CUDNN
+                                               : TanHParameter_Engine_CAFFE);
+  } else if (t == "Softmax" || t == "SoftmaxWithLoss" || t == "InfogainLoss") {
+    lp->mutable_softmax_param()->set_engine(cudnn ? SoftmaxParameter_Engine_CUDNN
+                                                  : SoftmaxParameter_Engine_CAFFE);
+  } else if (t == "Pooling") {
+    lp->mutable_pooling_param()->set_engine(cudnn ? PoolingParameter_Engine_CUDNN
+                                                  : PoolingParameter_Engine_CAFFE);
+  } else if (t == "LRN") {
+    lp->mutable_lrn_param()->set_engine(cudnn ? LRNParameter_Engine_CUDNN
+                                              : LRNParameter_Engine_CAFFE);
+  }
+}
+
 // Registered types that are not run here, and why; the store treats those without a row as
 // reading everything.
 std::map<std::string, std::string> Unchecked() {
@@ -235,6 +324,7 @@ std::map<std::string, std::string> Unchecked() {
 struct Outcome {
   std::vector<std::vector<char> > diffs;  // bottom diffs that propagate, then parameter diffs
   std::string error;                      // a read of freed memory
+  std::string cls;                        // the C++ class the configuration built
 };
 
 enum Poison { CLEAN, NAN_FILL, FREED };
@@ -250,6 +340,7 @@ Outcome RunConfig(const FactConfig& c, Poison poison, CometLayerFacts* facts_out
   CHECK(google::protobuf::TextFormat::ParseFromString(c.param, &lp)) << c.param;
   lp.set_name(c.name);
   lp.set_phase(TRAIN);
+  SetEngine(&lp, c.cudnn);
   std::vector<shared_ptr<Blob<float> > > own;
   std::vector<Blob<float>*> bottom, top;
   unsigned state = 1701;
@@ -273,7 +364,7 @@ Outcome RunConfig(const FactConfig& c, Poison poison, CometLayerFacts* facts_out
     }
   }
   Caffe::set_random_seed(1701);
-  shared_ptr<Layer<float> > layer = LayerRegistry<float>::CreateLayer(lp);
+  shared_ptr<Layer<float> > layer = c.make ? c.make(lp) : LayerRegistry<float>::CreateLayer(lp);
   layer->SetUp(bottom, top);
   Caffe::set_random_seed(2024);
   layer->Forward(bottom, top);
@@ -318,6 +409,7 @@ Outcome RunConfig(const FactConfig& c, Poison poison, CometLayerFacts* facts_out
     }
   }
   Outcome out;
+  out.cls = typeid(*layer).name();
   CometSetReadContext("the Backward of " + c.name + " under test");
   try {
     layer->Backward(top, c.propagate, bottom);
@@ -357,33 +449,142 @@ class CometFactsTest : public ::testing::Test {
 
 }  // namespace
 
-TEST_F(CometFactsTest, EveryRowHoldsForItsLayer) {
-  const Configs configs = AllConfigs();
+// The largest |a - b| over the floats of two diffs, and whether b is NaN or Inf where a is finite.
+float MaxAbsDiff(const std::vector<char>& a, const std::vector<char>& b, bool* not_finite) {
+  const float* x = reinterpret_cast<const float*>(&a[0]);
+  const float* y = reinterpret_cast<const float*>(&b[0]);
+  float m = 0;
+  for (size_t i = 0; i < a.size() / sizeof(float); ++i) {
+    if (std::isfinite(x[i]) && !std::isfinite(y[i])) *not_finite = true;
+    m = std::max(m, std::fabs(x[i] - y[i]));
+  }
+  return m;
+}
+
+// Runs every configuration clean, NaN-poisoned and freed; returns how many were checked. The
+// diffs must be bit-identical, except where two clean runs already differ (cuDNN's algorithms
+// that sum with atomics): then a poisoned run must stay finite and within 4x the clean runs'
+// own spread, which a NaN or a read value replaced by 1/0 does not. A configuration marked
+// CuDNN() must have built a cuDNN class, every other one a CAFFE engine's.
+int CheckRows(const Configs& configs, const char* where) {
   int checked = 0;
   for (int i = 0; i < configs.list().size(); ++i) {
     const FactConfig& c = configs.list()[i];
     CometLayerFacts facts;
     const Outcome clean = RunConfig(c, CLEAN, &facts);
-    ASSERT_TRUE(clean.error.empty()) << Describe(c, facts) << ": " << clean.error;
-    EXPECT_TRUE(facts.known) << c.name << " has no row, yet is configured here";
+    EXPECT_TRUE(clean.error.empty()) << where << ": " << Describe(c, facts) << ": " << clean.error;
+    if (!clean.error.empty()) continue;
+    EXPECT_TRUE(facts.known) << where << ": " << c.name << " (" << clean.cls
+                             << ") has no row, yet is configured here";
+    EXPECT_EQ(c.cudnn, clean.cls.find("CuDNN") != std::string::npos)
+        << where << ": " << Describe(c, facts) << " built " << clean.cls;
+    const Outcome again = RunConfig(c, CLEAN, NULL);
+    const bool exact = again.diffs == clean.diffs;
+    std::vector<float> spread(clean.diffs.size(), 0.f);
+    for (int d = 0; d < clean.diffs.size() && !exact; ++d) {
+      bool nf = false;
+      spread[d] = MaxAbsDiff(clean.diffs[d], again.diffs[d], &nf);
+      EXPECT_FALSE(nf) << where << ": " << Describe(c, facts) << ": two clean runs, diff " << d;
+    }
     const Poison poisons[] = {NAN_FILL, FREED};
     for (int p = 0; p < 2; ++p) {
       const Outcome got = RunConfig(c, poisons[p], NULL);
       const char* how = poisons[p] == NAN_FILL ? "NaN-filled" : "freed";
-      EXPECT_TRUE(got.error.empty()) << Describe(c, facts) << ": with unread data " << how
-                                     << ", Backward touched it: " << got.error;
+      EXPECT_TRUE(got.error.empty()) << where << ": " << Describe(c, facts) << ": with unread data "
+                                     << how << ", Backward touched it: " << got.error;
       if (!got.error.empty()) continue;
-      ASSERT_EQ(clean.diffs.size(), got.diffs.size());
+      EXPECT_EQ(clean.diffs.size(), got.diffs.size());
+      if (clean.diffs.size() != got.diffs.size()) continue;
       for (int d = 0; d < clean.diffs.size(); ++d) {
-        EXPECT_TRUE(clean.diffs[d] == got.diffs[d])
-            << Describe(c, facts) << ": with unread data " << how << ", diff " << d
-            << " (bottom diffs that propagate, then parameter diffs) changed: the row is wrong";
+        if (exact) {
+          EXPECT_TRUE(clean.diffs[d] == got.diffs[d])
+              << where << ": " << Describe(c, facts) << ": with unread data " << how << ", diff "
+              << d << " (bottom diffs that propagate, then parameter diffs) changed: the row is wrong";
+          continue;
+        }
+        bool nf = false;
+        const float off = MaxAbsDiff(clean.diffs[d], got.diffs[d], &nf);
+        EXPECT_TRUE(!nf && off <= 4 * spread[d])
+            << where << ": " << Describe(c, facts) << ": with unread data " << how << ", diff " << d
+            << " moved by " << off << (nf ? " (not finite)" : "") << " where two clean runs differ by "
+            << spread[d] << ": the row is wrong";
       }
     }
     ++checked;
   }
-  EXPECT_GT(checked, 80);
+  return checked;
 }
+
+TEST_F(CometFactsTest, EveryRowHoldsForItsLayer) {
+  EXPECT_GT(CheckRows(AllConfigs(), "CPU"), 80);
+}
+
+#ifndef CPU_ONLY
+// The same rows with the layers' Backward_gpu (the rows promise both).
+TEST_F(CometFactsTest, EveryRowHoldsOnTheGPU) {
+  Caffe::set_mode(Caffe::GPU);
+  EXPECT_GT(CheckRows(AllConfigs(), "GPU"), 80);
+}
+#endif
+
+#ifdef USE_CUDNN
+// The cuDNN engines' rows, with cuDNN's Backward: upstream's CuDNN* classes (the layer factory's
+// choice for DEFAULT in this build) each have a row of their own.
+TEST_F(CometFactsTest, EveryCuDNNRowHoldsOnTheGPU) {
+  Caffe::set_mode(Caffe::GPU);
+  EXPECT_EQ(CheckRows(CuDNNConfigs(), "GPU, cuDNN"), CuDNNConfigs().list().size());
+}
+
+// Without a GPU: a cuDNN layer instance gets its class's row, not its CAFFE parent's (ReLU's
+// sign mask, max pooling's argmax and LRN's scale_ are facts of the parents' Backward only).
+TEST_F(CometFactsTest, CuDNNClassesHaveRowsOfTheirOwn) {
+  Blob<float> x(S(2, 3, 5, 5)), y;
+  std::vector<Blob<float>*> bottom(1, &x), top(1, &y);
+  LayerParameter lp;
+  lp.set_type("ReLU");
+  const CometLayerFacts relu = CometFactsRegistry<float>::Of(ReLULayer<float>(lp), bottom, top);
+  const CometLayerFacts cudnn_relu =
+      CometFactsRegistry<float>::Of(CuDNNReLULayer<float>(lp), bottom, top);
+  EXPECT_TRUE(cudnn_relu.known);
+  EXPECT_EQ(relu.read_bottom(0), COMET_READS_SIGN);
+  EXPECT_TRUE(relu.relu_from_mask);
+  EXPECT_EQ(cudnn_relu.read_bottom(0), COMET_READS_VALUE);
+  EXPECT_EQ(cudnn_relu.read_top(0), COMET_READS_VALUE);
+  EXPECT_FALSE(cudnn_relu.relu_from_mask);
+  lp.mutable_relu_param()->set_negative_slope(0.1f);  // upstream's cuDNN ReLU falls back to Caffe's
+  EXPECT_TRUE(CometFactsRegistry<float>::Of(CuDNNReLULayer<float>(lp), bottom, top).relu_from_mask);
+
+  LayerParameter pp;
+  pp.set_type("Pooling");
+  pp.mutable_pooling_param()->set_pool(PoolingParameter_PoolMethod_MAX);
+  pp.mutable_pooling_param()->set_kernel_size(2);
+  const CometLayerFacts pool = CometFactsRegistry<float>::Of(PoolingLayer<float>(pp), bottom, top);
+  const CometLayerFacts cudnn_pool =
+      CometFactsRegistry<float>::Of(CuDNNPoolingLayer<float>(pp), bottom, top);
+  EXPECT_EQ(pool.private_buffer, CometLayerFacts::MAX_ARGMAX);
+  EXPECT_EQ(cudnn_pool.private_buffer, CometLayerFacts::NO_PRIVATE);
+  EXPECT_EQ(cudnn_pool.read_bottom(0), COMET_READS_VALUE);
+  EXPECT_EQ(cudnn_pool.read_top(0), COMET_READS_VALUE);
+
+  LayerParameter np;
+  np.set_type("LRN");
+  const CometLayerFacts lrn = CometFactsRegistry<float>::Of(LRNLayer<float>(np), bottom, top);
+  const CometLayerFacts cudnn_lrn =
+      CometFactsRegistry<float>::Of(CuDNNLRNLayer<float>(np), bottom, top);
+  EXPECT_EQ(lrn.private_buffer, CometLayerFacts::LRN_SCALE);
+  EXPECT_TRUE(lrn.lossy_input);
+  EXPECT_EQ(cudnn_lrn.private_buffer, CometLayerFacts::NO_PRIVATE);
+  EXPECT_FALSE(cudnn_lrn.lossy_input);  // the LRN bound rule is derived for Caffe's scale_ form
+
+  LayerParameter cp;
+  cp.set_type("Convolution");
+  const CometLayerFacts conv =
+      CometFactsRegistry<float>::Of(CuDNNConvolutionLayer<float>(cp), bottom, top);
+  EXPECT_TRUE(conv.known && conv.lossy_input && conv.adaptive);
+  EXPECT_EQ(conv.read_bottom(0), COMET_READS_VALUE);
+  EXPECT_EQ(conv.read_top(0), COMET_READS_NOTHING);
+}
+#endif
 
 TEST_F(CometFactsTest, EveryRegisteredTypeIsCheckedOrListed) {
   const Configs configs = AllConfigs();
