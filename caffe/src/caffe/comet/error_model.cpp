@@ -201,17 +201,25 @@ double Along(double b, double e, double slope, double target) {
 // Beyond the measured bounds: the end segment's slope clamped to [1, 4] (the error grows at
 // least in proportion to the bound, and no faster than its fourth power).
 double Clamp14(double slope) { return std::min(std::max(slope, 1.), 4.); }
+// The curve as both readers of it take it: its running maximum (a dip, where the errors of
+// clustered values happen to cancel, is not counted on). False where an error is zero or not
+// finite: the errors then say nothing.
+bool RunningMax(const std::vector<double>& errors, std::vector<double>* up) {
+  *up = errors;
+  for (int i = 0; i < up->size(); ++i) {
+    if (!((*up)[i] > 0) || !std::isfinite((*up)[i])) return false;
+    if (i > 0) (*up)[i] = std::max((*up)[i], (*up)[i - 1]);
+  }
+  return true;
+}
 }  // namespace
 
 double CometBoundForError(const std::vector<double>& bounds, const std::vector<double>& errors,
                           double target) {
   const int n = bounds.size();
   if (n < 2 || !(target > 0)) return -1;
-  std::vector<double> up(errors);  // never count on a dip: the curve's running maximum
-  for (int i = 0; i < n; ++i) {
-    if (!(up[i] > 0) || !std::isfinite(up[i])) return -1;  // nothing to learn from
-    if (i > 0) up[i] = std::max(up[i], up[i - 1]);
-  }
+  std::vector<double> up;
+  if (!RunningMax(errors, &up)) return -1;
   if (up[0] > target)
     return Along(bounds[0], up[0],
                  Clamp14(Slope(bounds[0], up[0], bounds[1], up[1])), target);
@@ -227,11 +235,8 @@ double CometErrorAt(const std::vector<double>& bounds, const std::vector<double>
                     double eb) {
   const int n = bounds.size();
   if (n < 2 || !(eb > 0)) return -1;
-  std::vector<double> up(errors);  // the same running maximum CometBoundForError solves
-  for (int i = 0; i < n; ++i) {
-    if (!(up[i] > 0) || !std::isfinite(up[i])) return -1;
-    if (i > 0) up[i] = std::max(up[i], up[i - 1]);
-  }
+  std::vector<double> up;
+  if (!RunningMax(errors, &up)) return -1;
   if (eb <= bounds[0])
     return up[0] * std::exp(Clamp14(Slope(bounds[0], up[0], bounds[1], up[1])) *
                             std::log(eb / bounds[0]));
