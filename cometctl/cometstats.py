@@ -3,7 +3,8 @@
 The fork writes it at every display (caffe/src/caffe/comet/statistics.cpp): one row per stored
 entry (layer = the entry's name, kind = what the store did: lossy, mask, argmax, keep, rebuild, ...)
 and then a `total` row with the net's blobs dense and stored, the tracked peak and its split by kind,
-and the layers' private buffers dense and stored, all in bytes. The log's `COMET ...` lines say the
+and the layers' private buffers dense and stored, all in bytes, and the codecs' time per iteration
+(encode_ms, decode_ms) with the part the training step waited for (wait_ms). The log's `COMET ...` lines say the
 same, rounded for reading; `report`, `plan` and the benchmarks read this file, and the log parser
 (caffelog) serves Caffe's own lines and runs whose file is missing.
 """
@@ -61,7 +62,8 @@ def last_report(path: Path) -> tuple[dict | None, list[dict]]:
 
 def figures(total: dict | None) -> dict:
     """A total row as the benchmarks print it, in bytes: dense, stored, ratio, tracked_peak,
-    buffers_dense, buffers_stored ({} without a row)."""
+    buffers_dense, buffers_stored, and in ms per iteration encode_ms, decode_ms, work_ms (their
+    sum) and wait_ms ({} without a row)."""
     if not total:
         return {}
     out = {"dense": total.get("dense_bytes", 0.0), "stored": total.get("stored_bytes", 0.0),
@@ -69,6 +71,11 @@ def figures(total: dict | None) -> dict:
     if "buffers_dense_bytes" in total:
         out["buffers_dense"] = total["buffers_dense_bytes"]
         out["buffers_stored"] = total.get("buffers_stored_bytes", 0.0)
+    if "wait_ms" in total:  # per iteration: the codecs' time, and the part the step waited for
+        out["encode_ms"] = total.get("encode_ms", 0.0)
+        out["decode_ms"] = total.get("decode_ms", 0.0)
+        out["work_ms"] = out["encode_ms"] + out["decode_ms"]
+        out["wait_ms"] = total["wait_ms"]
     return out
 
 

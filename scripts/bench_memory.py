@@ -19,7 +19,12 @@ storage (COMET runs), seconds per iteration after warm-up (wall clock, median), 
 
     scripts/bench_memory [--model caffenet|resnet|googlenet] [--batches 64 256] [--iters 3]
                          [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
-                         [--gpu 0] [--markdown out.md]
+                         [--sync] [--gpu 0] [--markdown out.md]
+
+--sync adds a third run per repetition, COMET with `async: false` (every encode and decode inside
+the step), so the table shows what taking COMET's work off the critical path gains. COMET runs
+report their codec time per iteration (encode + decode, wherever it ran) and the part of it the
+step waited for (the store's CSV: encode_ms, decode_ms, wait_ms).
 """
 
 from __future__ import annotations
@@ -153,6 +158,8 @@ def main() -> int:
                     help="input: the embedded synthetic images (default) or Gaussian noise")
     ap.add_argument("--pool-headroom", type=float, default=None,
                     help="comet.memory_pool_headroom for the COMET runs (default: the solver default, 0)")
+    ap.add_argument("--sync", action="store_true",
+                    help="also run COMET with async: false (encodes and decodes in the step)")
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     ap.add_argument("--keep", type=Path, default=None, help="keep prototxts and logs in this folder")
     args = ap.parse_args()
@@ -172,16 +179,21 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         for batch in args.batches:
             net = make_net(pb2, text_format, batch, images, model_path)
-            runs = {False: {"times": [], "rss": 0, "cpu": []}, True: {"times": [], "rss": 0, "cpu": []}}
+            modes = ["off", "on"] + (["sync"] if args.sync else [])
+            runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike
-                for comet in (False, True):
-                    name = f"{args.model}_b{batch}_{'on' if comet else 'off'}"
+                for comet in modes:
+                    name = f"{args.model}_b{batch}_{comet}"
                     name += f"_{rep + 1}" if args.repeat > 1 else ""
                     t0 = time.time()
                     block = None
-                    if comet:
-                        block = COMET_BLOCK if args.pool_headroom is None else COMET_BLOCK.replace(
-                            "}", f"  memory_pool_headroom: {args.pool_headroom}\n}}")
+                    if comet != "off":
+                        extra = ""
+                        if args.pool_headroom is not None:
+                            extra += f"  memory_pool_headroom: {args.pool_headroom}\n"
+                        if comet == "sync":
+                            extra += "  async: false\n"
+                        block = COMET_BLOCK.replace("}", extra + "}")
                     text, rss, cpu = run(caffe, work, name, net, block, args.warmup + args.iters, args.gpu)
                     times = iteration_times(text)[args.warmup - 1 if args.warmup else 0:]
                     fig = comet_figures(work, name)
@@ -194,12 +206,14 @@ def main() -> int:
                     print(f"{name}: peak RSS {mb(rss)} MB, {per_iter:.2f} s/iter, {cpu:.0f} CPU s"
                           + (f", activations {mb(fig['dense'])} -> {mb(fig['stored'])} MB "
                              f"({fig['ratio']:.1f}x), tracked peak {mb(fig['tracked_peak'])} MB" if fig else "")
+                          + (f", codec {fig['work_ms']:.0f} ms/iter, waited {fig['wait_ms']:.0f}"
+                             if "wait_ms" in fig else "")
                           + f"  ({time.time() - t0:.0f} s)", flush=True)
             base = None
-            for comet in (False, True):
+            for comet in modes:
                 r = runs[comet]
                 per_iter = statistics.median(r["times"]) if r["times"] else float("nan")
-                row = {"batch": batch, "comet": "on" if comet else "off", "rss": r["rss"],
+                row = {"batch": batch, "comet": {"sync": "on, async: false"}.get(comet, comet), "rss": r["rss"],
                        "s_per_iter": per_iter, "cpu": statistics.median(r["cpu"]), **r["fig"]}
                 if base:
                     row["rss_x"] = base["rss"] / r["rss"]
@@ -220,8 +234,9 @@ def main() -> int:
            + (f" --gpu {args.gpu}" if args.gpu is not None else "") + "`",
            "",
            "| batch | COMET | peak RSS (MB) | RSS off/on | stored activations (MB): dense -> compressed | "
-           "layer buffers (MB) | tracked peak (MB) | s/iter | time vs off | CPU s per run | CPU vs off |",
-           "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "layer buffers (MB) | tracked peak (MB) | s/iter | time vs off | CPU s per run | CPU vs off | "
+           "codec ms/iter (waited) |",
+           "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         act = f"{mb(r['dense'])} -> {mb(r['stored'])} ({r['ratio']:.1f}x)" if "ratio" in r else "-"
         buffers = f"{mb(r['buffers_dense'])} -> {mb(r['buffers_stored'])}" if "buffers_dense" in r else "-"
@@ -229,7 +244,8 @@ def main() -> int:
                    f"{r.get('rss_x', 1):.2f}x | {act} | {buffers} | "
                    f"{mb(r['tracked_peak']) if 'tracked_peak' in r else '-'} | {r['s_per_iter']:.2f} | "
                    f"{('%+.1f%%' % r['time_pct']) if 'time_pct' in r else '-'} | {r['cpu']:.0f} | "
-                   f"{('%+.1f%%' % r['cpu_pct']) if 'cpu_pct' in r else '-'} |")
+                   f"{('%+.1f%%' % r['cpu_pct']) if 'cpu_pct' in r else '-'} | "
+                   + (f"{r['work_ms']:.0f} ({r['wait_ms']:.0f}) |" if "wait_ms" in r else "- |"))
     table = "\n".join(out)
     print("\n" + table)
     if args.markdown:

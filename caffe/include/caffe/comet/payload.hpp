@@ -3,6 +3,7 @@
 
 #include <stdint.h>
 
+#include <chrono>  // NOLINT(build/c++11)
 #include <string>
 #include <vector>
 
@@ -15,11 +16,15 @@ namespace caffe {
 class SyncedMemory;
 
 // Time spent decoding, shared between a payload and the store that made it (the payload may
-// outlive the store when pycaffe keeps a blob).
+// outlive the store when pycaffe keeps a blob), and the part of the entry's work the training
+// step waited for (a decode on demand, an encode in the step, a wait for the store's worker).
 struct CometTiming {
-  CometTiming() : encode_ms(0), decode_ms(0) {}
-  double encode_ms, decode_ms;
+  CometTiming() : decode_ms(0), wait_ms(0) {}
+  double decode_ms, wait_ms;
 };
+
+// Milliseconds since `start` (steady clock).
+double CometMsSince(const std::chrono::steady_clock::time_point& start);
 
 // The compressed content of one SyncedMemory while its dense buffers are released.
 // LOSSY: an sz stream (|x - x'| <= eb). MASK: one bit per value, x > 0, restored as 1 or 0,
@@ -29,7 +34,9 @@ class CometPayload {
  public:
   // RELEASED holds nothing: it marks memory the store freed after its last use in the training
   // step; reading it is a fatal error (or a Python exception) naming the blob and the reader.
-  enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2, ARGMAX = 3, BINARY = 4 };
+  // IN_FLIGHT marks dense memory that the store's worker is decoding into for a later backward
+  // reader (comet { decode_ahead }): any other reader is just as fatal.
+  enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2, ARGMAX = 3, BINARY = 4, IN_FLIGHT = 5 };
   CometPayload(Kind kind, bool on_device, size_t count, const std::string& name);
   ~CometPayload();
 
@@ -100,9 +107,12 @@ std::string CometNum(double v);
 void CometMarkReleased(SyncedMemory* mem, const std::string& what);
 
 // Encoders. `data` lives on the device when on_device. Dims are N,C,H,W (innermost last).
-// EncodeMask returns NULL when the data holds NaN or Inf (a mask would lose them).
+// EncodeMask returns NULL when the data holds NaN or Inf (a mask would lose them). A failed
+// lossy encode is fatal, or with `error` returns NULL and says why there (the store's worker).
+// On the store's worker thread (CometWorker::OnWorker) the codecs run on that thread alone.
 shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<int>& shape,
-                                          bool on_device, double eb, const std::string& name);
+                                          bool on_device, double eb, const std::string& name,
+                                          std::string* error = NULL);
 shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool on_device,
                                          const std::string& name);
 // Max pooling's argmax (indices into each bottom plane) and Dropout's 0/1 mask, losslessly as

@@ -65,6 +65,7 @@ struct CometPlan {
   std::vector<std::vector<int> > after_forward;     // layer -> entries
   std::vector<std::vector<int> > after_backward;    // layer -> entries
   std::vector<std::vector<int> > private_of_layer;  // layer -> its private-buffer entries
+  std::vector<std::vector<int> > backward_reads;    // layer -> entries its backward decodes
   std::vector<std::vector<int> > diff_release;      // layer -> blob ids whose diff is freed after
   std::vector<std::vector<int> > tops_written;      // layer -> blob ids its forward overwrites
   std::vector<int> entry_of_blob;                   // blob -> entry or -1

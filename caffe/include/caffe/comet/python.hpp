@@ -36,6 +36,9 @@ boost::python::object CometStatsDict(Solver<Dtype>* solver) {
     d["ratio"] = e.last_ratio;
     d["eb"] = e.last_eb;
     d["ms"] = e.last_ms;
+    d["encode_ms"] = e.last_encode_ms;
+    d["decode_ms"] = e.last_decode_ms;
+    d["wait_ms"] = e.last_wait_ms;
     d["dense_bytes"] = e.last_dense;
     d["stored_bytes"] = e.last_stored;
     layers.append(d);

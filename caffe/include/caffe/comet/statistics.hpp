@@ -41,7 +41,7 @@ struct CometEntry : public CometPlanEntry {
   explicit CometEntry(const CometPlanEntry& planned = CometPlanEntry())
       : CometPlanEntry(planned), timing(new CometTiming()), dense_bytes(0), stored_bytes(0),
         encode_ms(0), eb_sum(0), samples(0), last_ratio(0), last_ms(0), last_eb(0),
-        last_dense(0), last_stored(0) {}
+        last_encode_ms(0), last_decode_ms(0), last_wait_ms(0), last_dense(0), last_stored(0) {}
   shared_ptr<CometTiming> timing;
   // The payload of the last forward: it goes back onto the memory after the last backward
   // reader, so a second backward or a later read decodes it again instead of reading zeros.
@@ -49,8 +49,9 @@ struct CometEntry : public CometPlanEntry {
   // current display window
   double dense_bytes, stored_bytes, encode_ms, eb_sum;
   int samples;
-  // last reported window
-  double last_ratio, last_ms, last_eb;
+  // last reported window; times per iteration: encode and decode wherever they ran (last_ms
+  // is their sum), and the part of them the step waited for
+  double last_ratio, last_ms, last_eb, last_encode_ms, last_decode_ms, last_wait_ms;
   size_t last_dense, last_stored;
 };
 

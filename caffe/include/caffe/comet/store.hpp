@@ -2,6 +2,7 @@
 #define CAFFE_COMET_STORE_HPP_
 
 #include <fstream>
+#include <list>
 #include <map>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/plan.hpp"
 #include "caffe/comet/statistics.hpp"
+#include "caffe/comet/worker.hpp"
 #include "caffe/net.hpp"
 #include "caffe/proto/caffe.pb.h"
 #include "caffe/solver.hpp"
@@ -76,6 +78,17 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   void ReluBackwardFromMask(int layer);
   void Sample();
 
+  // An encode after a blob's last forward reader, or a decode started a backward layer ahead of
+  // its reader (comet { async }, CPU mode; docs/comet.md#asynchronous-work).
+  struct Job;
+  // Runs the job's work now, in the step with every core, or queues it on the worker.
+  void Start(const shared_ptr<Job>& job, bool on_worker);
+  void Finish(Job* job);                  // on the step's thread, once the work has run
+  void Await(shared_ptr<Job> job);        // waits for it (the step's wait), then Finish
+  void Harvest();                         // finishes what has run, without waiting
+  void FinishAll();
+  void DecodeAhead(int layer);            // the stored inputs of the next backward layers
+
   Solver<Dtype>* solver_;
   Net<Dtype>* net_;
   CometParameter param_;
@@ -91,6 +104,9 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   int context_layer_, context_iter_;  // layer -1: outside a step (context_pass_ says where)
   const char* context_pass_;
   bool measuring_;
+  shared_ptr<CometWorker> worker_;        // NULL without comet { async }
+  std::list<shared_ptr<Job> > jobs_;      // queued on the worker, not finished yet
+  size_t in_flight_, max_in_flight_;      // dense bytes the jobs hold, and the cap
 };
 
 }  // namespace caffe

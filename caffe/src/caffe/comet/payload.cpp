@@ -11,6 +11,7 @@
 
 #include "caffe/comet/mask.hpp"
 #include "caffe/comet/payload.hpp"
+#include "caffe/comet/worker.hpp"
 #include "caffe/syncedmem.hpp"
 #include "caffe/util/benchmark.hpp"
 #include "sz/sz.h"
@@ -92,11 +93,12 @@ size_t ShapeToDims(const std::vector<int>& shape, size_t dims[SZ_MAX_DIMS]) {
 
 // Runs fn(begin, end) on [0, n) split into one contiguous range per hardware thread (ranges
 // start at multiples of `align`), or inline when n is small. Caffe's own work (BLAS) is idle
-// while the store encodes or decodes, so the cores are free.
+// while the store encodes or decodes in the step, so the cores are free; on the store's worker
+// thread (comet { async }) the step runs beside it, and the work stays on the worker's core.
 template <typename Fn>
 void ParallelRanges(size_t n, size_t align, Fn fn) {
   const size_t threads = std::max(1u, std::thread::hardware_concurrency());
-  if (threads == 1 || n < (size_t(1) << 16)) {
+  if (threads == 1 || n < (size_t(1) << 16) || CometWorker::OnWorker()) {
     fn(size_t(0), n);
     return;
   }
@@ -120,10 +122,14 @@ void NoteTransient(size_t bytes) {
   while (bytes > seen && !transient_peak.compare_exchange_weak(seen, bytes)) {}
 }
 
+// The codec's threads: all of them in the step, one on the store's worker (ParallelRanges).
+int CodecThreads() { return CometWorker::OnWorker() ? 1 : 0; }
+
 }  // namespace
 
 shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<int>& shape,
-                                          bool on_device, double eb, const std::string& name) {
+                                          bool on_device, double eb, const std::string& name,
+                                          std::string* error) {
   size_t dims[SZ_MAX_DIMS];
   const int nd = static_cast<int>(ShapeToDims(shape, dims));
   size_t count = 1;
@@ -140,7 +146,12 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
     sz_params params;
     sz_params_default(&params, eb, SZ_EB_ABS);
     params.lossless = SZ_LOSSLESS_NONE;  // zstd costs time and gains little on quantized codes
+    params.nthreads = CodecThreads();
     const int rc = sz_compress_host_ex(data, dims, nd, &params, scratch.data(), bound, &used);
+    if (rc != SZ_OK && error) {
+      *error = sz_strerror(rc);
+      return shared_ptr<CometPayload>();
+    }
     CHECK_EQ(rc, SZ_OK) << "COMET: compressing " << name << " failed: " << sz_strerror(rc);
     p->Allocate(used);
     std::copy(scratch.begin(), scratch.begin() + used, static_cast<uint8_t*>(p->data()));
@@ -432,7 +443,7 @@ bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
   if (p.kind() == CometPayload::ARGMAX || p.kind() == CometPayload::BINARY)
     return DecodeCodes(p, static_cast<int32_t*>(dense), error);
   float* out = static_cast<float*>(dense);
-  if (p.kind() == CometPayload::RELEASED) {
+  if (p.kind() == CometPayload::RELEASED || p.kind() == CometPayload::IN_FLIGHT) {
     *error = "the memory was freed; nothing holds its content";
     return false;
   }
@@ -458,7 +469,7 @@ bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
     }
     if (rc == SZ_OK) {
       if (!p.on_device()) {
-        rc = sz_decompress_host(p.data(), p.bytes(), out, p.count());
+        rc = sz_decompress_host_ex(p.data(), p.bytes(), out, p.count(), CodecThreads());
       } else {
 #ifndef CPU_ONLY
         const size_t scratch_bytes = sz_device_scratch_size(p.count());
@@ -509,6 +520,11 @@ std::string CometReadContext() {
 }
 void CometSetFatalThrows(bool on) { fatal_throws = on; }
 
+double CometMsSince(const std::chrono::steady_clock::time_point& start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 void CometFatal(const std::string& message) {
   if (fatal_throws) throw std::runtime_error(message);
   LOG(FATAL) << message;
@@ -530,6 +546,13 @@ void CometRestore(SyncedMemory* mem) {
                "release_unused: false release_diffs: false } keeps such memory");
     return;
   }
+  if (held.kind() == CometPayload::IN_FLIGHT) {
+    CometFatal("COMET: " + held.name() + " is being decoded ahead for a later backward layer, "
+               "and " + CometReadContext() + " reads it first. The plan did not foresee this "
+               "read: report it with the net (docs/comet.md#layer-facts); comet { "
+               "decode_ahead: 0 } decodes on demand");
+    return;
+  }
   if (held.kind() == CometPayload::MASK) {
     CometFatal("COMET: blob '" + held.name() + "' is held only as the signs of its values (a "
                "ReLU mask) until the next forward, and " + CometReadContext() + " reads its "
@@ -538,8 +561,7 @@ void CometRestore(SyncedMemory* mem) {
   }
   shared_ptr<CometPayload> p;
   p.swap(mem->comet_payload());  // detached first: the accesses below must not recurse
-  CPUTimer timer;
-  timer.Start();
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   void* out = p->on_device() ? mem->mutable_gpu_data() : mem->mutable_cpu_data();
   CHECK_GE(mem->size(), p->dense_bytes()) << "COMET: blob " << p->name() << " shrank";
   std::string error;
@@ -547,7 +569,11 @@ void CometRestore(SyncedMemory* mem) {
     CometFatal("COMET: the compressed data of blob '" + p->name() + "' is corrupt (" + error +
                "), read by " + CometReadContext() + "; refusing to use it");
   }
-  if (p->timing) p->timing->decode_ms += timer.MilliSeconds();
+  if (p->timing) {  // a reader in the step waits for its restore
+    const double ms = CometMsSince(start);
+    p->timing->decode_ms += ms;
+    p->timing->wait_ms += ms;
+  }
 }
 
 }  // namespace caffe

@@ -335,6 +335,41 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
       plan.diff_release[last_use[d]].push_back(b);
     }
   }
+
+  // What each backward decodes (comet { decode_ahead } starts it one layer early): lossy blobs
+  // read for their values (a ReLU served from the sign mask decodes nothing), packed codes, and
+  // x_norm_ for BatchNorm and for the Scale whose copy is rebuilt from it.
+  plan.backward_reads.assign(L, std::vector<int>());
+  for (int x = 0; x < plan.entries.size(); ++x) {
+    const CometPlanEntry& e = plan.entries[x];
+    std::set<int> readers;
+    if (e.layer >= 0) {
+      if (e.action != CometActions::LOSSY && e.action != CometActions::ARGMAX &&
+          e.action != CometActions::BINARY) continue;
+      readers.insert(e.layer);
+      for (int c = 0; c < plan.entries.size() && e.action == CometActions::LOSSY; ++c)
+        if (plan.entries[c].action == CometActions::REBUILD && plan.entries[c].source == e.layer)
+          readers.insert(plan.entries[c].layer);
+    } else if (e.action == CometActions::LOSSY) {
+      const std::set<int> ids(e.blob_ids.begin(), e.blob_ids.end());
+      for (int i = 0; i < L; ++i) {
+        if (!net.layer_need_backward()[i]) continue;
+        const CometLayerFacts& f = plan.facts[i];
+        for (int side = 0; side < 2; ++side) {
+          const std::vector<int>& blobs = side == 0 ? net.bottom_ids(i) : net.top_ids(i);
+          for (int k = 0; k < blobs.size(); ++k) {
+            if (!ids.count(blobs[k])) continue;
+            const CometRead read = side == 0 ? f.read_bottom(k) : f.read_top(k);
+            if (read == COMET_READS_VALUE ||
+                (read == COMET_READS_SIGN && !(f.relu_from_mask && param.relu_masks())))
+              readers.insert(i);
+          }
+        }
+      }
+    }
+    for (std::set<int>::const_iterator i = readers.begin(); i != readers.end(); ++i)
+      plan.backward_reads[*i].push_back(x);
+  }
   return plan;
 }
 

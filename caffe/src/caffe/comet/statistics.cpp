@@ -67,12 +67,13 @@ void CometStatistics<Dtype>::Sample(const std::vector<CometEntry>& entries,
 namespace {
 // <prefix>_comet.csv: one row per entry (layer = the entry's name, kind = its action), then a
 // "total" row: dense and stored bytes of the net's blobs, the tracked peak and its split by kind
-// (at the peak), and the layers' private buffers dense and stored. `cometctl report` and the
-// benchmarks read these columns by name.
+// (at the peak), and the layers' private buffers dense and stored; times per iteration, encode
+// and decode wherever they ran, and the part the training step waited for (comet { async }
+// runs the rest beside it). `cometctl report` and the benchmarks read these columns by name.
 const char kCsvHeader[] =
     "iter,layer,blob,kind,ratio,eb,ms,dense_bytes,stored_bytes,peak_bytes,weights_bytes,"
     "activations_bytes,gradients_bytes,compressed_bytes,scratch_bytes,buffers_dense_bytes,"
-    "buffers_stored_bytes";
+    "buffers_stored_bytes,encode_ms,decode_ms,wait_ms";
 }  // namespace
 
 template <typename Dtype>
@@ -80,6 +81,7 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
   last_report_iter_ = iter;
   double dense = 0, stored = 0;                // net blobs
   double private_dense = 0, private_stored = 0;  // layer-private buffers
+  double encode_ms = 0, decode_ms = 0, wait_ms = 0;  // per iteration, all entries
   const bool root = Caffe::root_solver();
   if (root && !path_.empty() && !csv_.is_open()) {
     std::ifstream exists(path_.c_str());
@@ -112,7 +114,13 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
     e.last_dense = static_cast<size_t>(e.dense_bytes / e.samples);
     e.last_stored = static_cast<size_t>(e.stored_bytes / e.samples);
     e.last_ratio = e.stored_bytes > 0 ? e.dense_bytes / e.stored_bytes : 0;
-    e.last_ms = (e.encode_ms + e.timing->decode_ms) / e.samples;
+    e.last_encode_ms = e.encode_ms / e.samples;
+    e.last_decode_ms = e.timing->decode_ms / e.samples;
+    e.last_wait_ms = e.timing->wait_ms / e.samples;
+    e.last_ms = e.last_encode_ms + e.last_decode_ms;
+    encode_ms += e.last_encode_ms;
+    decode_ms += e.last_decode_ms;
+    wait_ms += e.last_wait_ms;
     e.last_eb = e.action == CometActions::LOSSY ? e.eb_sum / e.samples : 0;  // the bound actually used
     (e.layer >= 0 ? private_dense : dense) += e.last_dense;
     (e.layer >= 0 ? private_stored : stored) += e.last_stored;
@@ -141,11 +149,12 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
       if (csv_.is_open()) {
         csv_ << iter << "," << e.name << "," << e.blob << "," << CometActions::ActionName(e.action) << ","
                << e.last_ratio << "," << e.last_eb << "," << e.last_ms << "," << e.last_dense
-               << "," << e.last_stored << ",,,,,,,,\n";
+               << "," << e.last_stored << ",,,,,,,,," << e.last_encode_ms << ","
+               << e.last_decode_ms << "," << e.last_wait_ms << "\n";
       }
     }
     e.dense_bytes = e.stored_bytes = e.encode_ms = e.eb_sum = 0;
-    e.timing->decode_ms = 0;
+    e.timing->decode_ms = e.timing->wait_ms = 0;
     e.samples = 0;
   }
   if (!root) return;
@@ -167,6 +176,11 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
            FormatBytes(m.at_peak[CometMemory::COMPRESSED]).c_str(),
            FormatBytes(m.at_peak[CometMemory::SCRATCH]).c_str());
   LOG(INFO) << line;
+  const double work = encode_ms + decode_ms;
+  snprintf(line, sizeof(line), "COMET time per iteration: encode %.1f ms, decode %.1f ms; the step "
+           "waited %.1f ms (%.0f%% ran beside it)", encode_ms, decode_ms, wait_ms,
+           work > 0 ? 100. * std::max(0., work - wait_ms) / work : 0.);
+  LOG(INFO) << line;
   if (param_.memory_pool()) {
     const CometPoolStats pool = CometPoolQuery();
     LOG(INFO) << "COMET memory pool: reused " << pool.hits << ", allocated " << pool.misses
@@ -178,7 +192,7 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
            << m.peak_total;
     for (int k = 0; k < CometMemory::NUM_KINDS; ++k) csv_ << "," << m.at_peak[k];
     csv_ << "," << static_cast<size_t>(private_dense) << "," << static_cast<size_t>(private_stored)
-         << "\n";
+         << "," << encode_ms << "," << decode_ms << "," << wait_ms << "\n";
     csv_.flush();
   }
 }

@@ -1,5 +1,6 @@
 // COMET-Caffe: the activation store (see include/caffe/comet/store.hpp and docs/comet.md).
 #include <algorithm>
+#include <chrono>  // NOLINT(build/c++11)
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -11,7 +12,6 @@
 #include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/store.hpp"
 #include "caffe/layer_factory.hpp"
-#include "caffe/util/benchmark.hpp"
 #include "caffe/util/io.hpp"
 #include "caffe/util/math_functions.hpp"
 
@@ -40,8 +40,29 @@ class CometStore<Dtype>::Hook : public Net<Dtype>::Callback {
   When when_;
 };
 
+// See store.hpp. The work runs on the worker (or inline) and writes only the job's results; the
+// step's thread does everything else (Finish), so the net's memory is touched by one thread.
+template <typename Dtype>
+struct CometStore<Dtype>::Job {
+  enum What { ENCODE, DECODE };
+  Job(What w, int e, SyncedMemory* m) : what(w), entry(e), mem(m), bytes(m->size()), ticket(0),
+                                        ms(0) {}
+  What what;
+  int entry;
+  SyncedMemory* mem;
+  size_t bytes;      // dense bytes it keeps in flight until finished
+  uint64_t ticket;   // on the worker; 0: ran in the step
+  std::function<void(Job*)> work;
+  // ENCODE: the payload made, NULL when the blob stays dense this step (`note` says why);
+  // DECODE: the payload decoded into the dense memory. `error`: a failure, fatal at Finish.
+  shared_ptr<CometPayload> payload;
+  std::string error, note;
+  double ms;         // the work's own time
+};
+
 namespace {
 
+typedef std::chrono::steady_clock Clock;
 
 bool OnDevice(const SyncedMemory* mem) {
   return Caffe::mode() == Caffe::GPU &&
@@ -108,8 +129,10 @@ template <typename Dtype>
 CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param)
     : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
       stats_(net_, param_), context_layer_(-1), context_iter_(-1),
-      context_pass_("before the first training step"), measuring_(false) {
+      context_pass_("before the first training step"), measuring_(false), in_flight_(0),
+      max_in_flight_(0) {
   CheckSettings(param_, *net_);
+  if (param_.async()) worker_.reset(new CometWorker());
   relu_skipped_.assign(net_->layers().size(), false);
   MakePlan();
   reader_.reset(new Reader(this));
@@ -146,6 +169,19 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
 
 template <typename Dtype>
 CometStore<Dtype>::~CometStore() {
+  // Whatever is queued runs to its end (the worker's destructor), and decoded memory keeps its
+  // data; nothing is reported from a destructor.
+  worker_.reset();
+  for (typename std::list<shared_ptr<Job> >::iterator j = jobs_.begin(); j != jobs_.end(); ++j) {
+    Job& job = **j;
+    if (job.what != Job::DECODE) continue;
+    job.mem->comet_payload().reset();
+    if (!job.error.empty()) {
+      job.mem->comet_release();
+      job.mem->comet_payload() = job.payload;  // still read as corrupt, never as garbage
+    }
+  }
+  jobs_.clear();
   // A describer left behind would point into this store (another store's goes too: harmless)
   CometSetReadContext("outside a COMET training step");
   if (param_.memory_pool()) {
@@ -156,6 +192,7 @@ CometStore<Dtype>::~CometStore() {
 
 template <typename Dtype>
 void CometStore<Dtype>::MakePlan() {
+  FinishAll();  // jobs name entries of the old plan
   plan_ = MakeCometPlan(*net_, param_, data_aliases_, diff_aliases_);
   // What the old plan stored stays with the entry of the same memory; bounds keep their value.
   std::map<std::string, Entry> old;
@@ -172,6 +209,122 @@ void CometStore<Dtype>::MakePlan() {
     entries_.push_back(en);
   }
   bounds_.Reset(plan_);
+  // Without a cap set, the jobs may hold as much dense memory as the largest blob stored: a
+  // pending encode of it finishes before another starts beside it.
+  max_in_flight_ = static_cast<size_t>(param_.max_in_flight_mb() * (1 << 20));
+  for (int e = 0; e < entries_.size() && param_.max_in_flight_mb() <= 0; ++e)
+    max_in_flight_ = std::max(max_in_flight_, EntryMemory(entries_[e])->size());
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::Start(const shared_ptr<Job>& job, bool on_worker) {
+  if (!on_worker) {
+    const Clock::time_point start = Clock::now();
+    job->work(job.get());
+    job->ms = CometMsSince(start);
+    entries_[job->entry].timing->wait_ms += job->ms;  // in the step: all of it is waited for
+    Finish(job.get());
+    return;
+  }
+  while (!jobs_.empty() && in_flight_ + job->bytes > max_in_flight_) Await(jobs_.front());
+  in_flight_ += job->bytes;
+  Job* raw = job.get();  // jobs_ keeps it until it is finished, after its work ran
+  job->ticket = worker_->Submit([raw] {
+    const Clock::time_point start = Clock::now();
+    raw->work(raw);
+    raw->ms = CometMsSince(start);
+  });
+  jobs_.push_back(job);
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::Await(shared_ptr<Job> job) {
+  entries_[job->entry].timing->wait_ms += worker_->Wait(job->ticket);
+  jobs_.remove(job);
+  in_flight_ -= job->bytes;
+  Finish(job.get());
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::Harvest() {
+  for (typename std::list<shared_ptr<Job> >::iterator j = jobs_.begin(); j != jobs_.end();) {
+    // A failed decode waits for its reader, whose name goes into the error.
+    if (!worker_->Done((*j)->ticket) || ((*j)->what == Job::DECODE && !(*j)->error.empty())) {
+      ++j;
+      continue;
+    }
+    shared_ptr<Job> job = *j;
+    j = jobs_.erase(j);
+    in_flight_ -= job->bytes;
+    Finish(job.get());
+  }
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::FinishAll() {
+  while (!jobs_.empty()) Await(jobs_.front());
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::Finish(Job* job) {
+  Entry& e = entries_[job->entry];
+  if (job->what == Job::DECODE) {
+    job->mem->comet_payload().reset();  // the IN_FLIGHT marker
+    if (!job->error.empty()) {
+      job->mem->comet_release();
+      job->mem->comet_payload() = job->payload;  // every later read fails the same way
+      CometFatal("COMET: the compressed data of blob '" + e.blob + "' is corrupt (" +
+                 job->error + "), read by " + CometReadContext() + "; refusing to use it");
+      return;
+    }
+    if (job->payload->timing) job->payload->timing->decode_ms += job->ms;
+    return;
+  }
+  if (!job->error.empty()) {
+    CometFatal("COMET: compressing blob '" + e.blob + "' after layer '" +
+               net_->layer_names()[e.last_forward] + "' forward failed (" + job->error +
+               "), iteration " + CometNum(solver_->iter()));
+    return;
+  }
+  if (!job->payload) {
+    LOG_FIRST_N(WARNING, 10) << "COMET: " << job->note;
+    return;
+  }
+  Hold(&e, job->mem, job->payload);
+  e.encode_ms += job->ms;
+  e.samples += 1;
+}
+
+template <typename Dtype>
+void CometStore<Dtype>::DecodeAhead(int layer) {
+  if (!worker_ || param_.decode_ahead() == 0) return;
+  const std::vector<int>& now = plan_.backward_reads[layer];
+  int layers = 0;
+  for (int i = layer - 1; i >= 0 && layers < param_.decode_ahead(); --i) {
+    const std::vector<int>& reads = plan_.backward_reads[i];
+    if (reads.empty()) continue;
+    ++layers;
+    for (int k = 0; k < reads.size(); ++k) {
+      const int x = reads[k];
+      if (std::find(now.begin(), now.end(), x) != now.end()) continue;  // restored by this one
+      Entry& e = entries_[x];
+      SyncedMemory* mem = EntryMemory(e);
+      const shared_ptr<CometPayload> p = mem->comet_payload();
+      // Dense (kept, or restored already), on its way, or on the GPU: nothing to start.
+      if (!p || p != e.stored || p->on_device() || p->kind() == CometPayload::MASK) continue;
+      // Past the cap it is decoded on demand, as without decode_ahead: no waiting here.
+      if (in_flight_ + mem->size() > max_in_flight_) return;
+      mem->comet_payload().reset();
+      void* out = mem->mutable_cpu_data();
+      CHECK_GE(mem->size(), p->dense_bytes()) << "COMET: blob " << p->name() << " shrank";
+      mem->comet_payload().reset(new CometPayload(CometPayload::IN_FLIGHT, false, 0,
+                                                  "the data of blob '" + e.blob + "'"));
+      shared_ptr<Job> job(new Job(Job::DECODE, x, mem));
+      job->payload = p;
+      job->work = [p, out](Job* j) { CometDecode(*p, out, &j->error); };
+      Start(job, true);
+    }
+  }
 }
 
 template <typename Dtype>
@@ -233,6 +386,7 @@ template <typename Dtype>
 void CometStore<Dtype>::BeforeForward(int layer) {
   SetContext(layer, "forward");
   if (layer == 0) {
+    FinishAll();  // decodes started for a backward that stopped early
     seen_data_.clear();  // memory addresses are checked afresh every step
     seen_diff_.clear();
     if (param_.memory_pool()) CometPoolsMarkStep();
@@ -313,53 +467,58 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
       mem->head() == SyncedMemory::UNINITIALIZED) {
     return;
   }
-  CPUTimer timer;
-  timer.Start();
   const size_t count = mem->size() / sizeof(int32_t);
-  shared_ptr<CometPayload> p;
   if (e->action == KEEP) {  // counted, not touched
     e->dense_bytes += mem->size();
     e->stored_bytes += mem->size();
-  } else if (e->action == LOSSY) {  // BatchNorm's x_norm_
-    const bool dev = OnDevice(mem);
-    const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
-    const float eb = bounds_.ForEntry(*e);
-    e->eb_sum += eb;
-    Blob<Dtype>* x = CometLayerAccess<Dtype>::bn_x_norm(net_->layers()[e->layer].get());
-    if (measuring_) bounds_.NoteStoredInput(*e, data, dev, x->shape(), eb);
-    p = CometEncodeLossy(data, x->shape(), dev, eb, e->blob);
-    Hold(e, mem, p);
-  } else if (e->action == RECOMPUTE || e->action == REBUILD) {
+    e->samples += 1;
+    return;
+  }
+  if (e->action == RECOMPUTE || e->action == REBUILD) {
     // LRN's scale is kept until LRN's backward and freed after it, unless recompute_lrn.
     if (e->action == RECOMPUTE && !param_.recompute_lrn()) return;
     e->dense_bytes += mem->size();
     mem->comet_release();
-  } else {
-    const bool dev = OnDevice(mem);
-    const void* data = dev ? mem->gpu_data() : mem->cpu_data();
-    if (e->action == ARGMAX) {
-      p = CometEncodeArgmax(static_cast<const int*>(data), count,
-                            CometLayerAccess<Dtype>::geometry(net_->layers()[e->layer].get()),
-                            dev, e->blob);
-    } else {
-      Layer<Dtype>* l = net_->layers()[e->layer].get();
-      p = CometEncodeBinary(static_cast<const unsigned int*>(data), count,
-                            CometLayerAccess<Dtype>::dropout_rule(l, dev), dev, e->blob);
-    }
-    if (!p) {
-      LOG_FIRST_N(WARNING, 10) << "COMET: " << e->blob << " holds a value its code cannot "
-                               << "express (a max over NaN); kept dense this iteration";
-      return;
-    }
-    Hold(e, mem, p);
+    e->samples += 1;
+    return;
   }
-  e->encode_ms += timer.MilliSeconds();
-  e->samples += 1;
+  const bool dev = OnDevice(mem);
+  const std::string name = e->blob;
+  shared_ptr<Job> job(new Job(Job::ENCODE, e - &entries_[0], mem));
+  Layer<Dtype>* l = net_->layers()[e->layer].get();
+  if (e->action == LOSSY) {  // BatchNorm's x_norm_
+    const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
+    const float eb = bounds_.ForEntry(*e);
+    e->eb_sum += eb;
+    const std::vector<int> shape = CometLayerAccess<Dtype>::bn_x_norm(l)->shape();
+    if (measuring_) bounds_.NoteStoredInput(*e, data, dev, shape, eb);
+    job->work = [=](Job* j) { j->payload = CometEncodeLossy(data, shape, dev, eb, name, &j->error); };
+  } else {
+    const void* data = dev ? mem->gpu_data() : mem->cpu_data();
+    const std::string note = name + " holds a value its code cannot express (a max over NaN); "
+                             "kept dense this iteration";
+    if (e->action == ARGMAX) {
+      const comet_codes::PoolGeometry g = CometLayerAccess<Dtype>::geometry(l);
+      job->work = [=](Job* j) {
+        j->payload = CometEncodeArgmax(static_cast<const int*>(data), count, g, dev, name);
+        if (!j->payload) j->note = note;
+      };
+    } else {
+      const comet_codes::BinaryRule rule = CometLayerAccess<Dtype>::dropout_rule(l, dev);
+      job->work = [=](Job* j) {
+        j->payload = CometEncodeBinary(static_cast<const unsigned int*>(data), count, rule, dev,
+                                       name);
+        if (!j->payload) j->note = note;
+      };
+    }
+  }
+  Start(job, worker_ && !dev);
 }
 
 template <typename Dtype>
 void CometStore<Dtype>::AfterForward(int layer) {
   CheckSharing(layer, false);
+  if (worker_) Harvest();
   const std::vector<int>& todo = plan_.after_forward[layer];
   if (!todo.empty()) {
     Sample();  // with this layer's outputs dense: what the encodes' transients come on top of
@@ -381,36 +540,40 @@ void CometStore<Dtype>::AfterForward(int layer) {
       CometMarkReleased(mem, "data of blob '" + e.blob + "'");
       continue;
     }
-    CPUTimer timer;
-    timer.Start();
     const bool dev = OnDevice(mem);
     const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
-    shared_ptr<CometPayload> p;
+    const size_t count = blob->count();
+    const std::string name = e.blob;
+    shared_ptr<Job> job(new Job(Job::ENCODE, todo[t], mem));
     if (e.action == LOSSY) {
       const float eb = bounds_.ForEntry(e);
       e.eb_sum += eb;
-      if (measuring_) bounds_.NoteStoredInput(e, data, dev, blob->shape(), eb);
-      p = CometEncodeLossy(data, blob->shape(), dev, eb, e.blob);
-      if (e.signs) {
-        p->sign_mask = CometEncodeMask(data, blob->count(), dev, e.blob);
-        if (!p->sign_mask) {
-          LOG_FIRST_N(WARNING, 10) << "COMET: blob " << e.blob << " holds NaN or Inf; kept "
-                                   << "dense this iteration (ReLU needs its exact sign)";
-          continue;
-        }
-      }
+      const std::vector<int> shape = blob->shape();
+      if (measuring_) bounds_.NoteStoredInput(e, data, dev, shape, eb);
+      const bool signs = e.signs;
+      job->work = [=](Job* j) {
+        j->payload = CometEncodeLossy(data, shape, dev, eb, name, &j->error);
+        if (!j->payload || !signs) return;
+        j->payload->sign_mask = CometEncodeMask(data, count, dev, name);
+        if (j->payload->sign_mask) return;
+        j->payload.reset();
+        j->note = "blob " + name + " holds NaN or Inf; kept dense this iteration (ReLU needs "
+                  "its exact sign)";
+      };
     } else {
-      p = CometEncodeMask(data, blob->count(), dev, e.blob);
-      if (!p) {
-        LOG_FIRST_N(WARNING, 10) << "COMET: blob " << e.blob << " holds NaN or Inf; kept dense "
-                                 << "this iteration (a sign mask would lose them)";
-        continue;
-      }
+      job->work = [=](Job* j) {
+        j->payload = CometEncodeMask(data, count, dev, name);
+        if (!j->payload) {
+          j->note = "blob " + name + " holds NaN or Inf; kept dense this iteration (a sign "
+                    "mask would lose them)";
+        }
+      };
     }
-    Hold(&e, mem, p);
-    e.encode_ms += timer.MilliSeconds();
-    e.samples += 1;
+    Start(job, worker_ && !dev);
   }
+  // The forward pass ends with every encode finished: a caller (pycaffe, the solver) sees the
+  // net as the plan leaves it, and no job outlives the step's forward.
+  if (layer + 1 == net_->layers().size()) FinishAll();
   stats_.NoteTransient(CometTakeTransientPeak());
   Sample();
 }
@@ -418,6 +581,17 @@ void CometStore<Dtype>::AfterForward(int layer) {
 template <typename Dtype>
 void CometStore<Dtype>::BeforeBackward(int layer) {
   SetContext(layer, "backward");
+  if (worker_) {
+    // Encodes left by a forward that stopped early; the decodes started for this layer.
+    std::vector<shared_ptr<Job> > wait;
+    const std::vector<int>& reads = plan_.backward_reads[layer];
+    for (typename std::list<shared_ptr<Job> >::iterator j = jobs_.begin(); j != jobs_.end(); ++j)
+      if ((*j)->what == Job::ENCODE ||
+          std::find(reads.begin(), reads.end(), (*j)->entry) != reads.end())
+        wait.push_back(*j);
+    for (int k = 0; k < wait.size(); ++k) Await(wait[k]);
+    Harvest();
+  }
   // This backward writes its bottoms' diffs: markers of freed diffs are dropped, not "read".
   const std::vector<Blob<Dtype>*>& bottoms = net_->bottom_vecs()[layer];
   for (int k = 0; k < bottoms.size(); ++k) {
@@ -431,23 +605,26 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     // LRN's backward reads the scale its forward computed: run the forward again (on the
     // restored input; the output it rewrites is what the backward reads too). Without
     // recompute_lrn this happens only for a second backward after one forward.
-    CPUTimer timer;
-    timer.Start();
+    const Clock::time_point start = Clock::now();
     net_->layers()[layer]->Forward(net_->bottom_vecs()[layer], net_->top_vecs()[layer]);
-    e.encode_ms += timer.MilliSeconds();
+    const double ms = CometMsSince(start);
+    e.encode_ms += ms;
+    e.timing->wait_ms += ms;
   }
   for (int k = 0; k < own.size(); ++k) {
     Entry& e = entries_[own[k]];
     if (e.action != REBUILD || PrivateBuffer(e)->head() != SyncedMemory::UNINITIALIZED) continue;
-    CPUTimer timer;
-    timer.Start();
+    const Clock::time_point start = Clock::now();
     Layer<Dtype>* l = net_->layers()[layer].get();
     if (e.source >= 0) CometLayerAccess<Dtype>::RebuildScaleCopy(l, net_->layers()[e.source].get());
     else CometLayerAccess<Dtype>::RebuildBatchNormTemp(l);
-    e.timing->decode_ms += timer.MilliSeconds();
+    const double ms = CometMsSince(start);
+    e.timing->decode_ms += ms;
+    e.timing->wait_ms += ms;
   }
   if (param_.relu_masks() && plan_.facts[layer].relu_from_mask) ReluBackwardFromMask(layer);
   if (measuring_) bounds_.BeforeBackward(layer);
+  DecodeAhead(layer);  // while this layer's backward runs
 }
 
 // ReLU's backward needs only the signs of its input, which the store holds as a mask: it computes
@@ -468,8 +645,7 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
   CHECK_EQ(static_cast<size_t>(bottom->count()), mask->count()) << "COMET: " << e.blob;
   const float slope = net_->layers()[layer]->layer_param().relu_param().negative_slope();
   const bool dev = mask->on_device();
-  CPUTimer timer;
-  timer.Start();
+  const Clock::time_point start = Clock::now();
   const float* top_diff = reinterpret_cast<const float*>(dev ? top->gpu_diff() : top->cpu_diff());
   float* bottom_diff = reinterpret_cast<float*>(dev ? bottom->mutable_gpu_diff()
                                                     : bottom->mutable_cpu_diff());
@@ -478,7 +654,9 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
     LOG(FATAL) << "COMET: the sign mask of blob '" << e.blob << "' is corrupt (" << error
                << "); refusing to use it";
   }
-  e.timing->decode_ms += timer.MilliSeconds();
+  const double ms = CometMsSince(start);
+  e.timing->decode_ms += ms;
+  e.timing->wait_ms += ms;
   // Net passes this vector to ReLU's Backward; with it false ReLU leaves the diff as it is.
   // AfterBackward sets it back.
   propagate[0] = false;
@@ -488,6 +666,7 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
 template <typename Dtype>
 void CometStore<Dtype>::AfterBackward(int layer) {
   CheckSharing(layer, true);
+  if (worker_) Harvest();
   // A decode during this backward (a restore) held device scratch for a moment: noted on top of
   // what is held now, before anything is freed again.
   const size_t transient = CometTakeTransientPeak();
@@ -539,6 +718,7 @@ void CometStore<Dtype>::on_start() {
 
 template <typename Dtype>
 void CometStore<Dtype>::on_gradients_ready() {
+  FinishAll();  // decodes started for readers that did not come (a backward stopped early)
   measuring_ = false;
   SetContext(-1, "outside the training step (pycaffe or a tool)");
   const int display = solver_->param().display();

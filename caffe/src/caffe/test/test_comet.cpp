@@ -1127,6 +1127,102 @@ TEST_F(CometStoreTest, ResidualBlockTrainsBitIdenticallyWithExactStages) {
 // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
 TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
 
+// comet { async }: encodes on the store's worker beside the forward pass, decodes started a
+// backward layer ahead. The work and its inputs are the same as in the step, so training is
+// bit-identical to async: false, with adaptive bounds measured on the way (update_interval 2),
+// lossy BatchNorm x_norm_, argmax and Dropout codes, LRN and a residual branch.
+TEST_F(CometStoreTest, AsyncWorkTrainsBitIdenticallyToWorkInTheStep) {
+  const std::string conv = " weight_filler { type: 'gaussian' std: 0.2 } bias_term: false } } ";
+  const std::string net =
+      "name: 'async' "
+      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "  dummy_data_param { shape { dim: 4 dim: 3 dim: 16 dim: 16 } shape { dim: 4 } "
+      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "  convolution_param { num_output: 6 kernel_size: 3 pad: 1" + conv +
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+      "  pooling_param { pool: MAX kernel_size: 3 stride: 2 } } "
+      "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' "
+      "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 } } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'norm1' top: 'conv2' "
+      "  convolution_param { num_output: 6 kernel_size: 3 pad: 1" + conv +
+      "layer { name: 'bn2' type: 'BatchNorm' bottom: 'conv2' top: 'conv2' } "
+      "layer { name: 'sc2' type: 'Scale' bottom: 'conv2' top: 'conv2' scale_param { bias_term: true } } "
+      "layer { name: 'sum' type: 'Eltwise' bottom: 'norm1' bottom: 'conv2' top: 'sum' } "
+      "layer { name: 'relu2' type: 'ReLU' bottom: 'sum' top: 'sum' } "
+      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'sum' top: 'ip1' "
+      "  inner_product_param { num_output: 32 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'drop1' type: 'Dropout' bottom: 'ip1' top: 'ip1' "
+      "  dropout_param { dropout_ratio: 0.5 } } "
+      "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
+      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
+  const char* comet[] = {"async: false", "", "decode_ahead: 3 max_in_flight_mb: 64",
+                         "decode_ahead: 0"};
+  shared_ptr<Solver<float> > solvers[4];
+  for (int k = 0; k < 4; ++k) {
+    SolverParameter sp;
+    CHECK(google::protobuf::TextFormat::ParseFromString(
+        "base_lr: 0.05 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
+        "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' comet { eb_mode: ADAPTIVE "
+        "update_interval: 2 error_bound: 1e-2 " + comet[k] + " }", &sp));
+    CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
+    solvers[k].reset(SolverRegistry<float>::CreateSolver(sp));
+    Run(solvers[k].get(), 5);
+  }
+  const std::vector<float> a = Params(solvers[0].get());
+  for (int k = 1; k < 4; ++k) {
+    const std::vector<float> b = Params(solvers[k].get());
+    ASSERT_EQ(a.size(), b.size());
+    for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << comet[k] << ": param value " << i;
+    for (int e = 0; e < solvers[0]->comet()->bounds().size(); ++e)
+      EXPECT_EQ(solvers[0]->comet()->bounds()[e].eb, solvers[k]->comet()->bounds()[e].eb);
+  }
+  // The time split: in the step, the step waits for all of it; every lossy entry took time.
+  std::set<std::string> lossy;
+  for (int k = 0; k < 2; ++k) {
+    const std::vector<CometStore<float>::Entry>& es = solvers[k]->comet()->entries();
+    for (int e = 0; e < es.size(); ++e) {
+      if (es[e].action != CometStore<float>::LOSSY) continue;
+      lossy.insert(es[e].blob);
+      EXPECT_GT(es[e].last_encode_ms, 0) << es[e].blob;
+      EXPECT_GT(es[e].last_decode_ms, 0) << es[e].blob;
+      if (k == 0) {
+        EXPECT_NEAR(es[e].last_wait_ms, es[e].last_encode_ms + es[e].last_decode_ms,
+                    1e-6 * es[e].last_ms) << es[e].blob;
+      }
+    }
+  }
+  EXPECT_TRUE(lossy.count("pool1") && lossy.count("bn2 x_norm")) << solvers[1]->comet()->Plan();
+  // No job outlives the forward pass: every stored blob holds its payload when Forward returns.
+  caffe::Net<float>* n = solvers[1]->net().get();
+  n->Forward();
+  EXPECT_TRUE(n->blob_by_name("pool1")->data()->comet_payload().get() != NULL);
+  EXPECT_TRUE(CometLayerAccess<float>::argmax(n->layer_by_name("pool1").get())->data()
+                  ->comet_payload().get() != NULL);
+  EXPECT_TRUE(CometLayerAccess<float>::bn_x_norm(n->layer_by_name("bn2").get())->data()
+                  ->comet_payload().get() != NULL);
+  n->Backward();
+}
+
+// A payload that the worker finds corrupt while decoding it ahead is reported when its reader
+// comes, with the reader's name, as a decode on demand is (async: false, decode_ahead: 0).
+TEST_F(CometStoreTest, CorruptPayloadIsNamedAtItsReaderWithOrWithoutTheWorker) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  const char* modes[] = {"async: false", "decode_ahead: 0", "decode_ahead: 4"};
+  for (int k = 0; k < 3; ++k) {
+    shared_ptr<Solver<float> > on =
+        MakeSolver(std::string("comet { eb_mode: FIXED error_bound: 1e-3 ") + modes[k] + " }");
+    on->net()->Forward();
+    shared_ptr<CometPayload>& p = on->net()->blob_by_name("pool1")->data()->comet_payload();
+    ASSERT_TRUE(p.get() != NULL) << modes[k];
+    static_cast<uint8_t*>(p->data())[p->bytes() - 3] ^= 0x01;
+    EXPECT_DEATH(on->net()->Backward(), "compressed data of blob 'pool1' is corrupt .*read by "
+                 "layer 'conv2' \\(Convolution\\) backward, iteration 0") << modes[k];
+  }
+}
+
 TEST_F(CometStoreTest, DisabledBlockMeansNoStore) {
   EXPECT_FALSE(MakeSolver("comet { enabled: false }")->comet());
 }
@@ -1212,6 +1308,18 @@ TEST_F(CometStoreTest, ReportsWithRatiosAndWritesStats) {
   ASSERT_GE(cells.size(), 10u) << total;
   EXPECT_GT(atof(cells[7].c_str()), atof(cells[8].c_str())) << "dense > stored: " << total;
   EXPECT_EQ(static_cast<size_t>(atof(cells[9].c_str())), on->comet()->memory().peak_total);
+  // ... and the codecs' time per iteration, the entries' sum, of which the step waited a part.
+  EXPECT_EQ(header.substr(header.size() - 27), "encode_ms,decode_ms,wait_ms") << header;
+  ASSERT_EQ(cells.size(), 20u) << total;
+  double encode = 0, decode = 0;
+  for (int e = 0; e < es.size(); ++e) {
+    encode += es[e].last_encode_ms;
+    decode += es[e].last_decode_ms;
+  }
+  EXPECT_GT(encode, 0);
+  EXPECT_NEAR(atof(cells[17].c_str()), encode, 1e-3 * encode + 1e-3) << total;
+  EXPECT_NEAR(atof(cells[18].c_str()), decode, 1e-3 * decode + 1e-3) << total;
+  EXPECT_GE(atof(cells[19].c_str()), 0) << total;
 }
 
 // A statistics file with other columns (a run resumed with a newer fork) is kept aside, not

@@ -1,0 +1,46 @@
+#ifndef CAFFE_COMET_WORKER_HPP_
+#define CAFFE_COMET_WORKER_HPP_
+
+#include <stdint.h>
+
+#include <condition_variable>  // NOLINT(build/c++11)
+#include <deque>
+#include <functional>
+#include <mutex>   // NOLINT(build/c++11)
+#include <thread>  // NOLINT(build/c++11)
+#include <utility>
+
+namespace caffe {
+
+// One background thread that runs the store's encodes and decodes in the order they were
+// submitted, so the training step goes on while they run (docs/comet.md#asynchronous-work).
+// Jobs are plain functions that write their results where the submitter reads them after Wait.
+// The thread is made once per store and sleeps when idle (no spinning next to BLAS's threads).
+class CometWorker {
+ public:
+  typedef std::function<void()> Job;
+  CometWorker();
+  ~CometWorker();  // runs what is queued, then joins
+
+  uint64_t Submit(const Job& job);  // its ticket: 1, 2, 3, ...
+  bool Done(uint64_t ticket) const;
+  // Blocks until the job of `ticket` (and every job before it) has run; the milliseconds waited.
+  double Wait(uint64_t ticket);
+  // True on a worker's thread: the codecs run single-threaded there, on the core the step
+  // leaves free, instead of splitting each call over every core.
+  static bool OnWorker();
+
+ private:
+  void Run();
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::deque<std::pair<uint64_t, Job> > queue_;
+  uint64_t submitted_, finished_;
+  bool stop_;
+  std::thread thread_;
+};
+
+}  // namespace caffe
+
+#endif  // CAFFE_COMET_WORKER_HPP_
