@@ -98,52 +98,73 @@ def _library(roots_first: list[Path], all_roots: list[Path], stem: str, major: i
     return None
 
 
-def find_cudnn(roots: list[Path]) -> Search:
-    """cuDNN 8 or newer: version from cudnn_version.h (cuDNN 8+) or cudnn.h (older), and libcudnn."""
+@dataclass(frozen=True)
+class _Wanted:
+    """What the search for one library looks for."""
+    name: str                      # in messages and in Found
+    headers: tuple[str, ...]       # tried in this order in each include folder; the last is the main one
+    defines: tuple[str, str, str]  # the version: major, minor, patch
+    files: str                     # what the include folder holds, in messages: "headers" or "header"
+    stem: str                      # libSTEM.so
+    minimum: int                   # the oldest usable major version
+    older_than: str                # what a version under it is older than, in messages
+
+
+_CUDNN = _Wanted("cuDNN", ("cudnn_version.h", "cudnn.h"), ("CUDNN_MAJOR", "CUDNN_MINOR", "CUDNN_PATCHLEVEL"),
+                 "headers", "cudnn", MIN_CUDNN,
+                 f"the cuDNN {MIN_CUDNN} API that the port of upstream's cuDNN layers uses")
+_NCCL = _Wanted("NCCL", ("nccl.h",), ("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH"), "header", "nccl", MIN_NCCL,
+                f"NCCL {MIN_NCCL}")
+
+
+def _search(roots: list[Path], wanted: _Wanted, check) -> Search:
+    """Header, version, library: the first header of `wanted` in the include folders of the roots, in order,
+    then its version, then the library, from the header's own root first. check(inc, header, version) has
+    the last word on a header before the version is compared: None to go on to the next header, a reason
+    to refuse it, or "" (usable)."""
     looked = []
     for root in roots:
         for inc in _include_dirs(root):
             looked.append(str(inc))
-            for header in ("cudnn_version.h", "cudnn.h"):
+            for header in wanted.headers:
                 h = inc / header
                 if not h.is_file():
                     continue
-                v = _defines(h.read_text(errors="replace"), "CUDNN_MAJOR", "CUDNN_MINOR", "CUDNN_PATCHLEVEL")
-                if v is None:
-                    continue  # cudnn.h of cuDNN 8+ includes cudnn_version.h for the numbers
-                if not (inc / "cudnn.h").is_file():
-                    return Search(None, f"{h} has no cudnn.h beside it")
-                if v[0] < MIN_CUDNN:
-                    return Search(None, f"cuDNN {'.'.join(map(str, v))} in {inc} is older than the cuDNN "
-                                        f"{MIN_CUDNN} API that the port of upstream's cuDNN layers uses")
-                lib = _library([root], roots, "cudnn", v[0])
+                v = _defines(h.read_text(errors="replace"), *wanted.defines)
+                why = check(inc, h, v)
+                if why is None:
+                    continue
+                if why:
+                    return Search(None, why)
+                version = ".".join(map(str, v))
+                if v[0] < wanted.minimum:
+                    return Search(None, f"{wanted.name} {version} in {inc} is older than {wanted.older_than}")
+                lib = _library([root], roots, wanted.stem, v[0])
                 if lib is None:
-                    return Search(None, f"cuDNN {'.'.join(map(str, v))} headers in {inc}, but no libcudnn.so "
+                    return Search(None, f"{wanted.name} {version} {wanted.files} in {inc}, but no lib{wanted.stem}.so "
                                         f"in {', '.join(str(d) for d in _lib_dirs(root))}")
-                return Search(Found("cuDNN", v, inc, lib), "")
-    return Search(None, "no cudnn.h (cuDNN) in " + ", ".join(dict.fromkeys(looked)))
+                return Search(Found(wanted.name, v, inc, lib), "")
+    return Search(None, f"no {wanted.headers[-1]} ({wanted.name}) in " + ", ".join(dict.fromkeys(looked)))
+
+
+def find_cudnn(roots: list[Path]) -> Search:
+    """cuDNN 8 or newer: version from cudnn_version.h (cuDNN 8+) or cudnn.h (older), and libcudnn."""
+    def check(inc: Path, h: Path, v) -> str | None:
+        if v is None:
+            return None  # cudnn.h of cuDNN 8+ includes cudnn_version.h for the numbers
+        if not (inc / "cudnn.h").is_file():
+            return f"{h} has no cudnn.h beside it"
+        return ""
+
+    return _search(roots, _CUDNN, check)
 
 
 def find_nccl(roots: list[Path]) -> Search:
     """NCCL 2: version from nccl.h, and libnccl."""
-    looked = []
-    for root in roots:
-        for inc in _include_dirs(root):
-            looked.append(str(inc))
-            h = inc / "nccl.h"
-            if not h.is_file():
-                continue
-            v = _defines(h.read_text(errors="replace"), "NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH")
-            if v is None:
-                return Search(None, f"{h} does not say its version (NCCL_MAJOR)")
-            if v[0] < MIN_NCCL:
-                return Search(None, f"NCCL {'.'.join(map(str, v))} in {inc} is older than NCCL {MIN_NCCL}")
-            lib = _library([root], roots, "nccl", v[0])
-            if lib is None:
-                return Search(None, f"NCCL {'.'.join(map(str, v))} header in {inc}, but no libnccl.so in "
-                                    f"{', '.join(str(d) for d in _lib_dirs(root))}")
-            return Search(Found("NCCL", v, inc, lib), "")
-    return Search(None, "no nccl.h (NCCL) in " + ", ".join(dict.fromkeys(looked)))
+    def check(inc: Path, h: Path, v) -> str | None:
+        return f"{h} does not say its version (NCCL_MAJOR)" if v is None else ""
+
+    return _search(roots, _NCCL, check)
 
 
 def install_hint(name: str, cuda_major: int | None) -> str:

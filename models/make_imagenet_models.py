@@ -27,6 +27,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from solver_text import solver_text
+
 MODELS = Path(__file__).resolve().parent
 CLASSES = 1000
 CROP = 227
@@ -152,35 +154,14 @@ def deploy(model: str) -> str:
 
 def solver(model: str) -> str:
     title = NETS[model][0]
-    return f"""# Solver for {title} on ImageNet (written by models/make_imagenet_models.py). 1,281,167 training
+    head = f"""# Solver for {title} on ImageNet (written by models/make_imagenet_models.py). 1,281,167 training
 # images: ~5,000 iterations of {TRAIN_BATCH} per epoch, 90 epochs; 50,000 val images: {TEST_ITER} test
 # iterations of {TEST_BATCH}. Trains on a GPU; `cometctl train --cpu` switches a copy of this file to the CPU.
-net: "models/{model}/imagenet_train_val.prototxt"
-test_iter: {TEST_ITER}
-test_interval: 1000
-base_lr: 0.01
-lr_policy: "step"
-gamma: 0.1
-stepsize: 100000
-display: 20
-max_iter: 450000
-momentum: 0.9
-weight_decay: 0.0005
-snapshot: 10000
-snapshot_prefix: "models/{model}/{model}_imagenet"   # `cometctl train` moves snapshots into its run folder
-solver_mode: GPU
-
-# ---- COMET (activation compression) -------------------------------------------------------------
-# Activations that backward needs are kept compressed between forward and backward, and the
-# dense memory is freed (docs/comet.md). Set enabled: false, or delete the block, for plain Caffe.
-comet {{
-  eb_mode: ADAPTIVE      # per-layer error bounds from the weight-gradient error estimate; or FIXED
-  error_bound: 1e-3      # FIXED: the bound; ADAPTIVE: where every layer starts
-  adaptive_target: 0.05  # estimated weight-gradient error allowed, relative to its RMS
-  update_interval: 200   # iterations between bound updates
-}}
-# -------------------------------------------------------------------------------------------------
 """
+    return solver_text(head, net=f"models/{model}/imagenet_train_val.prototxt", test_iter=TEST_ITER,
+                       test_interval=1000, base_lr="0.01",
+                       schedule=['lr_policy: "step"', "gamma: 0.1", "stepsize: 100000"], max_iter=450000,
+                       weight_decay="0.0005", snapshot=10000, snapshot_prefix=f"models/{model}/{model}_imagenet")
 
 
 FILES = {"imagenet_train_val.prototxt": train_val, "imagenet_solver.prototxt": solver,

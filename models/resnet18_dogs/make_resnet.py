@@ -21,6 +21,10 @@ import argparse
 import sys
 from pathlib import Path
 
+# models/solver_text.py, one folder up, writes the solver (make_imagenet_models.py uses it too)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from solver_text import solver_text  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 CLASSES = 120
 CROP = 224
@@ -144,36 +148,15 @@ layer {{
 
 
 def solver() -> str:
-    return f"""# Solver for ResNet-18 on Stanford Dogs (written by make_resnet.py). 12,000 training images: ~188
+    head = f"""# Solver for ResNet-18 on Stanford Dogs (written by make_resnet.py). 12,000 training images: ~188
 # iterations of {TRAIN_BATCH} per epoch, 64 epochs; 8,580 test images: 172 test iterations of {TEST_BATCH}.
 # Trains from scratch on a GPU; `cometctl train --cpu` switches a copy of this file to the CPU.
-net: "models/resnet18_dogs/train_val.prototxt"
-test_iter: 172
-test_interval: 500
-base_lr: 0.1
-lr_policy: "multistep"
-gamma: 0.1
-stepvalue: 6000
-stepvalue: 10000
-display: 20
-max_iter: 12000
-momentum: 0.9
-weight_decay: 0.0001
-snapshot: 4000
-snapshot_prefix: "models/resnet18_dogs/resnet18_dogs"   # `cometctl train` moves snapshots into its run folder
-solver_mode: GPU
-
-# ---- COMET (activation compression) -------------------------------------------------------------
-# Activations that backward needs are kept compressed between forward and backward, and the
-# dense memory is freed (docs/comet.md). Set enabled: false, or delete the block, for plain Caffe.
-comet {{
-  eb_mode: ADAPTIVE      # per-layer error bounds from the weight-gradient error estimate; or FIXED
-  error_bound: 1e-3      # FIXED: the bound; ADAPTIVE: where every layer starts
-  adaptive_target: 0.05  # estimated weight-gradient error allowed, relative to its RMS
-  update_interval: 200   # iterations between bound updates
-}}
-# -------------------------------------------------------------------------------------------------
 """
+    return solver_text(head, net="models/resnet18_dogs/train_val.prototxt", test_iter=172, test_interval=500,
+                       base_lr="0.1", schedule=['lr_policy: "multistep"', "gamma: 0.1", "stepvalue: 6000",
+                                                "stepvalue: 10000"],
+                       max_iter=12000, weight_decay="0.0001", snapshot=4000,
+                       snapshot_prefix="models/resnet18_dogs/resnet18_dogs")
 
 
 FILES = {"train_val.prototxt": train_val, "deploy.prototxt": deploy, "solver.prototxt": solver}

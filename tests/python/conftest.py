@@ -102,7 +102,7 @@ def wf_short_run(wf_pb2, wf_synthetic, tmp_path_factory):
     return base / "run"
 
 
-# ---- small image datasets in real layouts (prepare-imagenet, prepare-images) -------------------------
+# ---- small image datasets in real layouts (prepare-imagenet, prepare-images, prepare-dogs) ------------
 def wf_picture(seed: int, width: int = 300, height: int = 240):
     """A smooth RGB picture (gradients and soft blobs), so that resampling filters barely differ on it."""
     import numpy as np
@@ -128,12 +128,49 @@ def wf_encode(im, fmt: str = "JPEG", **kw) -> bytes:
     return buf.getvalue()
 
 
-def wf_tar(path: Path, members: dict) -> Path:
-    """An uncompressed tar of {name: bytes}, in that order."""
+def wf_odd_image(kind: str, seed: int, size=(280, 210)) -> bytes:
+    """An image file of `kind`: "rgb" (a plain JPEG) or one that is odd but readable, as real datasets hold
+    them: "gray" and "cmyk" JPEGs, "png" (a PNG, whatever name it is stored under), "exif" (a photo that
+    EXIF says to turn, as cameras write them), PNGs of "rgba" and "palette" pixels, "bmp", "tiff"."""
+    im = wf_picture(seed, *size)
+    if kind == "exif":
+        from PIL import Image
+
+        exif = Image.Exif()
+        exif[0x0112] = 6  # stored turned: shown rotated 90 degrees clockwise
+        return wf_encode(im, exif=exif)
+    mode, fmt = {"rgb": ("RGB", "JPEG"), "gray": ("L", "JPEG"), "cmyk": ("CMYK", "JPEG"), "png": ("RGB", "PNG"),
+                 "rgba": ("RGBA", "PNG"), "palette": ("P", "PNG"), "bmp": ("RGB", "BMP"),
+                 "tiff": ("RGB", "TIFF")}[kind]
+    return wf_encode(im if mode == "RGB" else im.convert(mode), fmt)
+
+
+def wf_unreadable(kind: str, image: bytes = b"", keep: int = 0) -> bytes:
+    """A file named as an image that no decoder reads: "empty", "text" (no image at all), or "cut" (the first
+    `keep` bytes of `image`: a download or a copy that stopped short)."""
+    if kind == "empty":
+        return b""
+    if kind == "text":
+        return b"not an image at all"
+    if kind == "cut":
+        assert 0 < keep < len(image), (keep, len(image))  # else it is no cut, or the whole image
+        return image[:keep]
+    raise ValueError(kind)
+
+
+def wf_datums(lmdb_dir: Path) -> list:
+    """An LMDB's (key, serialized Datum) pairs in key order: what two runs must agree on, byte for byte."""
+    from cometctl import imagedb
+
+    return [(k, d.SerializeToString()) for k, d in imagedb.iter_datums(lmdb_dir)]
+
+
+def wf_tar(path: Path, members: dict, mode: str = "w") -> Path:
+    """A tar of {name: bytes}, in that order; uncompressed unless mode says ("w:gz")."""
     import io
     import tarfile
 
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+    with tarfile.open(path, mode, format=tarfile.USTAR_FORMAT) as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)

@@ -17,7 +17,7 @@ from cometctl import dogs, imagedb, synthetic
 from cometctl.cli import main
 from cometctl.errors import CometError
 
-from conftest import WF_NEEDS_BUILD
+from conftest import WF_NEEDS_BUILD, wf_datums, wf_tar, wf_unreadable
 
 
 # ------------------------------------------------------------------------------------------- synthetic
@@ -133,15 +133,6 @@ def _mat(names, labels=None) -> bytes:
     return buf.getvalue()
 
 
-def _lists_tar(path: Path, members: dict[str, bytes]) -> Path:
-    with tarfile.open(path, "w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
 def _small_archive(src: Path, dest: Path, per_class: int, classes: int = 3, extra: dict | None = None) -> Path:
     """A smaller images.tar: the first `per_class` images of the first `classes` synthetic classes."""
     keep = {c: 0 for c in synthetic.CLASSES[:classes]}
@@ -165,7 +156,7 @@ def test_official_split_comes_from_lists_tar(tmp_path, wf_pb2, wf_synthetic_arch
     train_names = [n for n in names if int(n[-8:-4]) % 3 != 0]  # 1001, 1002, 1004, 1005 of each class
     test_names = [n for n in names if n not in train_names]
     label = lambda n: sorted(synthetic.CLASSES).index(n.split("/")[0]) + 1  # noqa: E731
-    lists = _lists_tar(tmp_path / "lists.tar", {
+    lists = wf_tar(tmp_path / "lists.tar", {
         "train_list.mat": _mat(train_names, [label(n) for n in train_names]),
         "test_list.mat": _mat(test_names, [label(n) for n in test_names]),
     })
@@ -180,14 +171,14 @@ def test_official_split_comes_from_lists_tar(tmp_path, wf_pb2, wf_synthetic_arch
 def test_lists_that_disagree_with_the_archive_are_refused(tmp_path, wf_synthetic_archives):
     archive = _small_archive(wf_synthetic_archives[0], tmp_path / "images.tar", per_class=2)
     ok = "n02085620-Chihuahua/n02085620_1000.jpg"
-    missing = _lists_tar(tmp_path / "a.tar", {"train_list.mat": _mat([ok, "n02085620-Chihuahua/nope.jpg"]),
+    missing = wf_tar(tmp_path / "a.tar", {"train_list.mat": _mat([ok, "n02085620-Chihuahua/nope.jpg"]),
                                               "test_list.mat": _mat([ok])})
     with pytest.raises(CometError, match="not in"):
         dogs.prepare_dogs(tmp_path / "o1", archive=archive, lists=missing, size=16)
-    wrong = _lists_tar(tmp_path / "b.tar", {"train_list.mat": _mat([ok], [7]), "test_list.mat": _mat([ok])})
+    wrong = wf_tar(tmp_path / "b.tar", {"train_list.mat": _mat([ok], [7]), "test_list.mat": _mat([ok])})
     with pytest.raises(CometError, match="labels disagree"):
         dogs.prepare_dogs(tmp_path / "o2", archive=archive, lists=wrong, size=16)
-    incomplete = _lists_tar(tmp_path / "c.tar", {"train_list.mat": _mat([ok])})
+    incomplete = wf_tar(tmp_path / "c.tar", {"train_list.mat": _mat([ok])})
     with pytest.raises(CometError, match="test_list.mat"):
         dogs.prepare_dogs(tmp_path / "o3", archive=archive, lists=incomplete, size=16)
 
@@ -208,8 +199,8 @@ def test_seeded_split_is_stratified_and_deterministic():
 def test_corrupt_images_are_skipped_counted_and_listed(tmp_path, wf_pb2, wf_synthetic_archives):
     with tarfile.open(wf_synthetic_archives[0]) as tar:
         good = tar.extractfile("Images/n02085620-Chihuahua/n02085620_1000.jpg").read()
-    extra = {"n02085620-Chihuahua/n02085620_9001.jpg": good[: len(good) // 2],   # truncated JPEG
-             "n02085782-Japanese_spaniel/n02085782_9002.jpg": b"not an image at all"}
+    extra = {"n02085620-Chihuahua/n02085620_9001.jpg": wf_unreadable("cut", good, keep=len(good) // 2),
+             "n02085782-Japanese_spaniel/n02085782_9002.jpg": wf_unreadable("text")}
     archive = _small_archive(wf_synthetic_archives[0], tmp_path / "images.tar", per_class=5, extra=extra)
     r = dogs.prepare_dogs(tmp_path / "out", archive=archive, size=32, jobs=2, val_fraction=0.4)
     assert sorted(n for n, _ in r.skipped) == sorted(extra)
@@ -238,9 +229,7 @@ def test_interrupted_conversion_resumes_and_equals_a_clean_run(tmp_path, wf_pb2,
     clean = tmp_path / "clean"
     dogs.prepare_dogs(clean, archive=images, lists=lists, size=32, jobs=1)
     for part in ("train_lmdb", "val_lmdb"):
-        a = [(k, d.SerializeToString()) for k, d in imagedb.iter_datums(out / part)]
-        b = [(k, d.SerializeToString()) for k, d in imagedb.iter_datums(clean / part)]
-        assert a == b
+        assert wf_datums(out / part) == wf_datums(clean / part)
     assert (out / "mean.binaryproto").read_bytes() == (clean / "mean.binaryproto").read_bytes()
 
 
@@ -248,10 +237,6 @@ def _identity(lmdb_dir: Path):
     """What says an LMDB was not rewritten: inodes and mtimes of the folder and its data file, and its bytes."""
     data = lmdb_dir / "data.mdb"
     return (lmdb_dir.stat().st_ino, data.stat().st_ino, data.stat().st_mtime_ns, data.read_bytes())
-
-
-def _datums(lmdb_dir: Path):
-    return [(k, d.SerializeToString()) for k, d in imagedb.iter_datums(lmdb_dir)]
 
 
 def test_a_finished_lmdb_is_kept_after_an_interruption(tmp_path, wf_pb2, wf_synthetic_archives, monkeypatch,
@@ -284,7 +269,7 @@ def test_a_finished_lmdb_is_kept_after_an_interruption(tmp_path, wf_pb2, wf_synt
     clean = tmp_path / "clean"
     dogs.prepare_dogs(clean, archive=images, lists=lists, size=32, jobs=1)
     for part in ("train_lmdb", "val_lmdb"):
-        assert _datums(out / part) == _datums(clean / part)
+        assert wf_datums(out / part) == wf_datums(clean / part)
     for f in ("mean.binaryproto", "train.txt", "val.txt", "synset_words.txt"):
         assert (out / f).read_bytes() == (clean / f).read_bytes(), f
     assert dogs.prepare_dogs(out, archive=images, lists=lists, size=32, jobs=1).up_to_date
@@ -297,7 +282,7 @@ def test_finished_outputs_are_verified_and_rebuilt_when_they_do_not_verify(tmp_p
     images, lists = wf_synthetic_archives
     out = tmp_path / "out"
     dogs.prepare_dogs(out, archive=images, lists=lists, size=32, jobs=1)
-    good = {part: _datums(out / part) for part in ("train_lmdb", "val_lmdb")}
+    good = {part: wf_datums(out / part) for part in ("train_lmdb", "val_lmdb")}
     mean = (out / "mean.binaryproto").read_bytes()
     stamp = json.loads((out / "train_lmdb.done.json").read_text())
     assert stamp["entries"] == 400 and stamp["sha256"] == imagedb.lmdb_digest(out / "train_lmdb")[1]
@@ -333,8 +318,8 @@ def test_finished_outputs_are_verified_and_rebuilt_when_they_do_not_verify(tmp_p
         r, shown = again()
         assert f"{out / 'train_lmdb'} " + message in shown and "rebuilding it" in shown, shown
         assert r.kept == ["val_lmdb"] and r.resumed_from["train"] == 0
-        assert _datums(out / "train_lmdb") == good["train_lmdb"]
-        assert _datums(out / "val_lmdb") == good["val_lmdb"]
+        assert wf_datums(out / "train_lmdb") == good["train_lmdb"]
+        assert wf_datums(out / "val_lmdb") == good["val_lmdb"]
         assert (out / "mean.binaryproto").read_bytes() == mean  # recomputed from the rebuilt LMDB
         assert not (out / "train_lmdb.partial").exists() and (out / "train_lmdb.done.json").exists()
 
@@ -379,9 +364,7 @@ def test_unpacked_folder_works_like_the_archive(tmp_path, wf_pb2, wf_synthetic_a
     a = dogs.prepare_dogs(tmp_path / "a", archive=archive, size=16, jobs=1)
     b = dogs.prepare_dogs(tmp_path / "b", archive=tmp_path / "unpacked", size=16, jobs=1)
     assert (a.train, a.val) == (b.train, b.val)
-    ka = [(k, d.SerializeToString()) for k, d in imagedb.iter_datums(tmp_path / "a" / "train_lmdb")]
-    kb = [(k, d.SerializeToString()) for k, d in imagedb.iter_datums(tmp_path / "b" / "train_lmdb")]
-    assert ka == kb
+    assert wf_datums(tmp_path / "a" / "train_lmdb") == wf_datums(tmp_path / "b" / "train_lmdb")
 
 
 def test_cli_help_explains():

@@ -19,7 +19,7 @@ from cometctl import imagedb, imagenet
 from cometctl.cli import main
 from cometctl.errors import CometError
 
-from conftest import WF_NEEDS_BUILD, WF_REPO, wf_encode, wf_picture, wf_tar
+from conftest import WF_NEEDS_BUILD, WF_REPO, wf_datums, wf_odd_image, wf_tar, wf_unreadable
 
 # three real ILSVRC-2012 classes; the devkit numbers them in another order than sorted WNIDs
 WORDS = {"n01440764": "tench, Tinca tinca", "n01443537": "goldfish, Carassius auratus",
@@ -30,25 +30,6 @@ VAL_CLASSES = ["n01443537", "n01484850", "n01440764", "n01440764", "n01484850", 
                "n01484850", "n01440764", "n01443537"]  # of ILSVRC2012_val_00000001 ... 09
 TRAIN_PER_CLASS = 6
 CORRUPT = "n01443537/n01443537_9999.JPEG"
-
-
-def _odd(kind: str, seed: int, size=(280, 210)) -> bytes:
-    """The odd files ILSVRC-2012 really has: greyscale and CMYK JPEGs, a PNG named .JPEG; and a photo
-    that EXIF says to turn (cameras do that)."""
-    im = wf_picture(seed, *size)
-    if kind == "gray":
-        return wf_encode(im.convert("L"))
-    if kind == "cmyk":
-        return wf_encode(im.convert("CMYK"))
-    if kind == "png":
-        return wf_encode(im, "PNG")
-    if kind == "exif":
-        from PIL import Image
-
-        exif = Image.Exif()
-        exif[0x0112] = 6  # stored turned: shown rotated 90 degrees clockwise
-        return wf_encode(im, exif=exif)
-    return wf_encode(im)
 
 
 def _meta_mat(synsets: list[tuple[int, str, str, int]], id_field: str = "ILSVRC2012_ID") -> bytes:
@@ -64,40 +45,33 @@ def _meta_mat(synsets: list[tuple[int, str, str, int]], id_field: str = "ILSVRC2
     return buf.getvalue()
 
 
-def _tar_gz(path: Path, members: dict[str, bytes]) -> Path:
-    with tarfile.open(path, "w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
 def make_ilsvrc(root: Path) -> dict:
     """ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar, ILSVRC2012_devkit_t12.tar.gz and Caffe's
     val.txt / synsets.txt / synset_words.txt for them, in `root`."""
     root.mkdir(parents=True, exist_ok=True)
     inner = {}
+    # the odd files ILSVRC-2012 really has (greyscale and CMYK JPEGs, a PNG named .JPEG) and a photo that
+    # EXIF says to turn (cameras do that)
     kinds = ["rgb", "gray", "cmyk", "png", "exif", "rgb"]
     for c, wnid in enumerate(WNIDS):
-        members = {f"{wnid}_{100 + i}.JPEG": _odd(kinds[(i + c) % len(kinds)], 100 * c + i)
+        members = {f"{wnid}_{100 + i}.JPEG": wf_odd_image(kinds[(i + c) % len(kinds)], 100 * c + i)
                    for i in range(TRAIN_PER_CLASS)}
         if wnid == CORRUPT.split("/")[0]:
-            members[CORRUPT.split("/")[1]] = members[f"{wnid}_100.JPEG"][:500]  # truncated
+            members[CORRUPT.split("/")[1]] = wf_unreadable("cut", members[f"{wnid}_100.JPEG"], keep=500)
         wf_tar(root / f"{wnid}.tar", members)
         inner[f"{wnid}.tar"] = (root / f"{wnid}.tar").read_bytes()
         (root / f"{wnid}.tar").unlink()
     train = wf_tar(root / "ILSVRC2012_img_train.tar", inner)
     sizes = [(280, 210), (500, 375), (1024, 768)]  # up- and downscaled, the last one decoded at 1/2 scale
-    val_members = {f"ILSVRC2012_val_{i + 1:08d}.JPEG": _odd(kinds[i % len(kinds)], 1000 + i, sizes[i % 3])
+    val_members = {f"ILSVRC2012_val_{i + 1:08d}.JPEG": wf_odd_image(kinds[i % len(kinds)], 1000 + i, sizes[i % 3])
                    for i in range(len(VAL_CLASSES))}
     val = wf_tar(root / "ILSVRC2012_img_val.tar", val_members)
     synsets = [(ILSVRC_ID[w], w, WORDS[w], 0) for w in WNIDS] + [(4, "n01473806", "aquatic vertebrate", 2)]
     gt = "".join(f"{ILSVRC_ID[w]}\n" for w in VAL_CLASSES)
-    devkit = _tar_gz(root / "ILSVRC2012_devkit_t12.tar.gz", {
+    devkit = wf_tar(root / "ILSVRC2012_devkit_t12.tar.gz", {
         "ILSVRC2012_devkit_t12/data/meta.mat": _meta_mat(sorted(synsets)),
         "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt": gt.encode(),
-        "ILSVRC2012_devkit_t12/readme.txt": b"devkit\n"})
+        "ILSVRC2012_devkit_t12/readme.txt": b"devkit\n"}, "w:gz")
     (root / "val.txt").write_text("".join(f"ILSVRC2012_val_{i + 1:08d}.JPEG {WNIDS.index(w)}\n"
                                           for i, w in enumerate(VAL_CLASSES)))
     (root / "synsets.txt").write_text("".join(w + "\n" for w in WNIDS))
@@ -116,10 +90,6 @@ def prepared(wf_pb2, ilsvrc, tmp_path_factory):
     out = tmp_path_factory.mktemp("imagenet") / "imagenet"
     r = imagenet.prepare_imagenet(ilsvrc["train"], ilsvrc["val"], out, devkit=ilsvrc["devkit"], jobs=1)
     return out, r
-
-
-def _datums(path: Path):
-    return [(k, d.SerializeToString()) for k, d in imagedb.iter_datums(path)]
 
 
 # ---------------------------------------------------------------------------------------- the outputs
@@ -255,7 +225,7 @@ def test_decoding_processes_give_the_same_lmdb(ilsvrc, wf_pb2, tmp_path, monkeyp
     r = imagenet.prepare_imagenet(ilsvrc["train"], ilsvrc["val"], b, devkit=ilsvrc["devkit"], size=40, jobs=3)
     assert [n for n, _ in r.skipped] == [CORRUPT]
     for part in ("train_lmdb", "val_lmdb"):
-        assert _datums(a / part) == _datums(b / part)
+        assert wf_datums(a / part) == wf_datums(b / part)
     assert (a / "mean.binaryproto").read_bytes() == (b / "mean.binaryproto").read_bytes()
 
 
@@ -294,27 +264,27 @@ def test_val_archive_without_labels_is_refused(ilsvrc, tmp_path):
 
 
 def test_devkit_of_another_year_is_refused(ilsvrc, tmp_path):
-    old = _tar_gz(tmp_path / "ILSVRC2010_devkit-1.0.tar.gz", {
+    old = wf_tar(tmp_path / "ILSVRC2010_devkit-1.0.tar.gz", {
         "devkit-1.0/data/meta.mat": _meta_mat([(1, "n01440764", "tench", 0)], id_field="ILSVRC2010_ID"),
-        "devkit-1.0/data/ILSVRC2010_validation_ground_truth.txt": b"1\n"})
+        "devkit-1.0/data/ILSVRC2010_validation_ground_truth.txt": b"1\n"}, "w:gz")
     msg = _cli("--train", ilsvrc["train"], "--val", ilsvrc["val"], "--devkit", old)
     assert "this is the devkit of ILSVRC2010 (ILSVRC2010_validation_ground_truth.txt)" in msg
     assert "expected the ILSVRC2012 devkit" in msg
     # a 2012 ground truth beside another year's meta.mat
-    mixed = _tar_gz(tmp_path / "mixed.tar.gz", {
+    mixed = wf_tar(tmp_path / "mixed.tar.gz", {
         "d/data/meta.mat": _meta_mat([(1, "n01440764", "tench", 0)], id_field="ILSVRC2010_ID"),
-        "d/data/ILSVRC2012_validation_ground_truth.txt": b"1\n"})
+        "d/data/ILSVRC2012_validation_ground_truth.txt": b"1\n"}, "w:gz")
     msg = _cli("--train", ilsvrc["train"], "--val", ilsvrc["val"], "--devkit", mixed)
     assert "meta.mat has no ILSVRC2012_ID/WNID table (it has ILSVRC2010_ID: the devkit of another year)" in msg
-    nothing = _tar_gz(tmp_path / "nothing.tar.gz", {"readme.txt": b"hi\n"})
+    nothing = wf_tar(tmp_path / "nothing.tar.gz", {"readme.txt": b"hi\n"}, "w:gz")
     assert "has no data/ILSVRC2012_validation_ground_truth.txt" in _cli(
         "--train", ilsvrc["train"], "--val", ilsvrc["val"], "--devkit", nothing)
 
 
 def test_classes_that_disagree_with_the_devkit_are_refused(ilsvrc, tmp_path):
-    devkit = _tar_gz(tmp_path / "dk.tar.gz", {
+    devkit = wf_tar(tmp_path / "dk.tar.gz", {
         "d/data/meta.mat": _meta_mat([(1, "n01440764", "tench", 0), (2, "n09999999", "other", 0)]),
-        "d/data/ILSVRC2012_validation_ground_truth.txt": b"1\n" * 9})
+        "d/data/ILSVRC2012_validation_ground_truth.txt": b"1\n" * 9}, "w:gz")
     msg = _cli("--train", ilsvrc["train"], "--val", ilsvrc["val"], "--devkit", devkit)
     assert "its 2 synsets and the 3 classes of" in msg and "n09999999 has no train images" in msg
 

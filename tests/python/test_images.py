@@ -17,7 +17,7 @@ from cometctl import folders, imagedb
 from cometctl.cli import main
 from cometctl.errors import CometError
 
-from conftest import WF_NEEDS_BUILD, wf_encode, wf_picture
+from conftest import WF_NEEDS_BUILD, wf_datums, wf_encode, wf_odd_image, wf_picture, wf_unreadable
 
 CLASSES = {"daisy": 7, "rose": 5, "tulip": 9}
 
@@ -40,10 +40,6 @@ def _tree(root: Path, split: bool = False) -> Path:
     (base / "daisy" / "._daisy_0.jpeg").write_bytes(b"AppleDouble")  # macOS resource fork, not an image
     (root / "loose.jpeg").write_bytes(wf_encode(wf_picture(99)))
     return root
-
-
-def _datums(path: Path):
-    return [(k, d.SerializeToString()) for k, d in imagedb.iter_datums(path)]
 
 
 def _listing(path: Path):
@@ -149,8 +145,9 @@ def test_a_folder_without_images_or_classes_is_refused(tmp_path):
 def test_unreadable_images_are_skipped_listed_and_never_in_an_lmdb(tmp_path, wf_pb2):
     src = _tree(tmp_path / "flowers")
     good = (src / "rose" / "rose_0.jpeg").read_bytes()
-    bad = {"rose/empty.jpg": b"", "rose/text.jpg": b"hello, I am text",
-           "tulip/cut.png": wf_encode(wf_picture(5), "PNG")[:300], "daisy/half.jpg": good[: len(good) // 3]}
+    bad = {"rose/empty.jpg": wf_unreadable("empty"), "rose/text.jpg": wf_unreadable("text"),
+           "tulip/cut.png": wf_unreadable("cut", wf_odd_image("png", 5, (300, 240)), keep=300),
+           "daisy/half.jpg": wf_unreadable("cut", good, keep=len(good) // 3)}
     for name, data in bad.items():
         (src / name).write_bytes(data)
     code, _ = _cli(src, "--data-dir", tmp_path / "out", "--size", "16", "--jobs", "2")
@@ -181,7 +178,7 @@ def test_resume_with_decoding_processes_equals_a_clean_run(tmp_path, wf_pb2, mon
     clean = tmp_path / "clean"
     folders.prepare_images(src, clean, size=20, jobs=1)
     for part in ("train_lmdb", "val_lmdb"):
-        assert _datums(out / part) == _datums(clean / part)
+        assert wf_datums(out / part) == wf_datums(clean / part)
     assert (out / "mean.binaryproto").read_bytes() == (clean / "mean.binaryproto").read_bytes()
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     assert folders.prepare_images(src, out, size=20, jobs=2).up_to_date
@@ -204,7 +201,7 @@ def test_a_partial_lmdb_that_disagrees_with_its_record_is_started_afresh(tmp_pat
     assert "starting it afresh" in shown and r.resumed_from["train"] == 0
     clean = tmp_path / "clean"
     folders.prepare_images(src, clean, size=20, jobs=1)
-    assert _datums(out / "train_lmdb") == _datums(clean / "train_lmdb")
+    assert wf_datums(out / "train_lmdb") == wf_datums(clean / "train_lmdb")
 
 
 def test_decoding_streams_with_a_bounded_number_of_images_in_flight(tmp_path, monkeypatch):
@@ -240,17 +237,16 @@ def test_odd_pixel_formats_decode_to_bgr(tmp_path):
     from PIL import Image
 
     rgb = wf_picture(7, 64, 48)
-    ours = imagedb.decode_image(wf_encode(rgb, "PNG"), 32)
+    ours = imagedb.decode_image(wf_odd_image("png", 7, rgb.size), 32)
     assert ours.shape == (3, 32, 32)
     # B, G, R planes of the image, resized (another bilinear filter differs by a level or two)
     ref = np.asarray(rgb.resize((32, 32), Image.BILINEAR)).astype(int)
     assert np.abs(ours.transpose(1, 2, 0)[:, :, ::-1] - ref).mean() < 1
     assert np.abs(ours.transpose(1, 2, 0) - ref).mean() > 10  # RGB order would be far off
-    same = {"rgba": wf_encode(rgb.convert("RGBA"), "PNG"), "bmp": wf_encode(rgb, "BMP"),
-            "tiff": wf_encode(rgb, "TIFF")}
+    same = {kind: wf_odd_image(kind, 7, rgb.size) for kind in ("rgba", "bmp", "tiff")}
     for name, data in same.items():
         assert np.array_equal(imagedb.decode_image(data, 32), ours), name
-    palette = imagedb.decode_image(wf_encode(rgb.convert("P"), "PNG"), 32)
+    palette = imagedb.decode_image(wf_odd_image("palette", 7, rgb.size), 32)
     assert np.abs(palette.astype(int) - ours).mean() < 6
     # 16-bit greyscale: the top 8 bits, in all three channels
     g16 = (np.arange(48 * 64, dtype=np.uint16).reshape(48, 64) * 20)
