@@ -230,6 +230,7 @@ def main() -> int:
            f"command: `scripts/bench_memory --model {args.model} --batches {' '.join(map(str, args.batches))} "
            f"--iters {args.iters} --warmup {args.warmup} --data {args.data}"
            + (f" --repeat {args.repeat}" if args.repeat > 1 else "")
+           + (" --sync" if args.sync else "")
            + (f" --pool-headroom {args.pool_headroom}" if args.pool_headroom is not None else "")
            + (f" --gpu {args.gpu}" if args.gpu is not None else "") + "`",
            "",

@@ -109,7 +109,7 @@ def main():
     lib = szpy.Library(a.lib)
     data = []
     shape = tuple(int(v) for v in a.shape.split(","))
-    for zf in (float(v) for v in a.sparsity.split(",")):
+    for zf in (float(v) for v in a.sparsity.split(",") if v):  # --sparsity "": dumps only
         data.append(("relu%d %s" % (round(zf * 100), "x".join(map(str, shape))),
                      activation_like(shape, zf, a.smooth, seed=int(zf * 1000))))
     for path in a.dump:
@@ -133,6 +133,7 @@ def main():
     lines += [hdr, "|---|---|---|---:|---:|---:|---:|"]
     print(hdr, flush=True)
     ok = True
+    summary = {}  # compressor -> (ratios, compress GB/s, decompress GB/s) over every row
     for name, x in data:
         fin = np.isfinite(x)
         rng = float(x[fin].max() - x[fin].min()) if fin.any() else 0.0
@@ -150,8 +151,26 @@ def main():
                         ok = False
                     row = "| %s | %g | %s | %.2f | %.3f%s | %.3f | %.3f |" % (
                         name, frac, cname, x.nbytes / size, err / eb, flag, gb / ct, gb / dt)
+                    got = summary.setdefault(cname, ([], [], []))
+                    got[0].append(x.nbytes / size)
+                    got[1].append(gb / ct)
+                    got[2].append(gb / dt)
                 print(row, flush=True)
                 lines.append(row)
+    # Over all rows: geometric-mean ratio and median speeds, each against SZ3's where it ran.
+    sz3 = summary.get("SZ3 (pysz) 1 thread")
+    lines += ["", "| compressor | ratio (geomean) | compress GB/s (median) | decompress GB/s (median) |",
+              "|---|---:|---:|---:|"]
+    for cname, (ratios, cs, ds) in summary.items():
+        g = float(np.exp(np.mean(np.log(ratios))))
+        c, d = float(np.median(cs)), float(np.median(ds))
+        vs = ""
+        if sz3 and cname != "SZ3 (pysz) 1 thread":
+            g3 = float(np.exp(np.mean(np.log(sz3[0]))))
+            vs = " (%.2fx SZ3's ratio, %.2fx / %.2fx its speeds)" % (
+                g / g3, c / float(np.median(sz3[1])), d / float(np.median(sz3[2])))
+        lines.append("| %s%s | %.2f | %.3f | %.3f |" % (cname, vs, g, c, d))
+    print("\n".join(lines[-len(summary) - 2:]))
     env = "cores: %d; clock: %s; pysz %s; zfpy %s" % (
         ncores, a.clock, "ok" if _sz3 else "missing (%s)" % _sz3_err, "ok" if zfpy else "missing (%s)" % _zfp_err)
     print(env)

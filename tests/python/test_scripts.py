@@ -1,4 +1,5 @@
-"""scripts/bench_memory and scripts/grad_error: their --help, and the benchmark reading the store's CSV."""
+"""scripts/bench_memory, grad_error and dump_activations: their --help, the benchmark reading the
+store's CSV, and the activation dumps."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_memory  # noqa: E402
+from conftest import WF_BUILT  # noqa: E402
 
 HEADER = ("iter,layer,blob,kind,ratio,eb,ms,dense_bytes,stored_bytes,peak_bytes,weights_bytes,"
           "activations_bytes,gradients_bytes,compressed_bytes,scratch_bytes,buffers_dense_bytes,"
@@ -51,3 +55,35 @@ def test_error_correlation_explains_itself():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "error_correlation.py"), "--help"],
                          capture_output=True, text=True, check=True).stdout
     assert "kappa" in out and "--blob NAME=EB" in out
+
+
+def test_bench_reads_the_codec_time_and_the_steps_wait(tmp_path):
+    """A total row with the time columns: the codecs' ms per iteration and the part waited for."""
+    header = HEADER.rstrip("\n") + ",encode_ms,decode_ms,wait_ms\n"
+    rows = _total(3, 15.2).splitlines()
+    rows = [rows[0] + ",,,,12.5,9.25,1.5", rows[1] + ",158.4,152.7,69.5"]
+    (tmp_path / "a_comet.csv").write_text(header + "\n".join(rows) + "\n")
+    fig = bench_memory.comet_figures(tmp_path, "a")
+    assert fig["encode_ms"] == 158.4 and fig["decode_ms"] == 152.7 and fig["wait_ms"] == 69.5
+    assert abs(fig["work_ms"] - 311.1) < 1e-9
+    # older files have no time columns: no time figures, rather than zeros
+    (tmp_path / "b_comet.csv").write_text(HEADER + _total(3, 15.2))
+    assert "wait_ms" not in bench_memory.comet_figures(tmp_path, "b")
+
+
+@pytest.mark.skipif(not WF_BUILT, reason="the Caffe build is absent: run `cometctl build` first")
+def test_dump_activations_writes_the_inputs_comet_stores_from_real_photos(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "dump_activations.py"),
+                          "--model", "caffenet", "--batch", "2", "--out", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import numpy as np
+    files = {p.name: np.load(p) for p in tmp_path.glob("*.npy")}
+    # the inputs of CaffeNet's Convolution, LRN and InnerProduct layers, never the data itself
+    assert set(files) == {f"caffenet_{b}.npy" for b in
+                          ("pool1", "norm1", "pool2", "norm2", "conv3", "conv4", "pool5", "fc6", "fc7")}
+    assert files["caffenet_pool1.npy"].shape == (2, 96, 27, 27)
+    assert files["caffenet_fc7.npy"].shape == (2, 4096, 1, 1)
+    pool1 = files["caffenet_pool1.npy"]
+    assert pool1.dtype == np.float32 and pool1.min() >= 0 and pool1.max() > 0  # after ReLU, not zeros
+    assert not np.array_equal(pool1[0], pool1[1])  # two different photos

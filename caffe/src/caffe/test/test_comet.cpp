@@ -1158,10 +1158,12 @@ TEST_F(CometStoreTest, AsyncWorkTrainsBitIdenticallyToWorkInTheStep) {
       "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
       "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
       "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
+  // max_in_flight_mb 1e-4: every encode waits for the one before, no decode goes ahead.
   const char* comet[] = {"async: false", "", "decode_ahead: 3 max_in_flight_mb: 64",
-                         "decode_ahead: 0"};
-  shared_ptr<Solver<float> > solvers[4];
-  for (int k = 0; k < 4; ++k) {
+                         "decode_ahead: 0", "max_in_flight_mb: 1e-4"};
+  const int modes = sizeof(comet) / sizeof(comet[0]);
+  shared_ptr<Solver<float> > solvers[modes];
+  for (int k = 0; k < modes; ++k) {
     SolverParameter sp;
     CHECK(google::protobuf::TextFormat::ParseFromString(
         "base_lr: 0.05 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
@@ -1172,7 +1174,7 @@ TEST_F(CometStoreTest, AsyncWorkTrainsBitIdenticallyToWorkInTheStep) {
     Run(solvers[k].get(), 5);
   }
   const std::vector<float> a = Params(solvers[0].get());
-  for (int k = 1; k < 4; ++k) {
+  for (int k = 1; k < modes; ++k) {
     const std::vector<float> b = Params(solvers[k].get());
     ASSERT_EQ(a.size(), b.size());
     for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << comet[k] << ": param value " << i;
