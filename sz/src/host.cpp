@@ -29,6 +29,13 @@ unsigned hardware_threads() {
   unsigned h = std::thread::hardware_concurrency();
   return h ? h : 1;
 }
+
+namespace {
+std::atomic<sz_executor> g_executor{nullptr};
+std::atomic<void*> g_executor_ctx{nullptr};
+}  // namespace
+
+Executor executor() { return Executor{g_executor.load(), g_executor_ctx.load()}; }
 }  // namespace szi
 
 namespace {
@@ -146,6 +153,11 @@ const char* sz_strerror(int status) {
     case SZ_ERR_EMPTY: return "empty input (0 bytes)";
     default: return "unknown sz status";
   }
+}
+
+void sz_set_executor(sz_executor run, void* ctx) {
+  szi::g_executor_ctx.store(ctx);
+  szi::g_executor.store(run);
 }
 
 const char* sz_version(void) { return "sz 1.0 (format 1)"; }

@@ -199,6 +199,43 @@ TEST(Host, ThreadCountDoesNotChangeStream) {
   EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), 4 * y1.size()));
 }
 
+// An executor that runs the tasks in reverse order on the calling thread and counts them: the
+// host backend hands it every multi-threaded step, and the stream is the same.
+struct CountingExecutor {
+  static int calls, tasks;
+  static void run(void* ctx, int n, sz_task task, void* arg) {
+    EXPECT_EQ(ctx, (void*)&calls);
+    ++calls;
+    tasks += n;
+    for (int t = n - 1; t >= 0; --t) task(arg, t);
+  }
+};
+int CountingExecutor::calls = 0, CountingExecutor::tasks = 0;
+
+TEST(Host, AnExecutorRunsTheThreadsWorkAndTheStreamIsTheSame) {
+  std::vector<float> x = relu_sparse(1 << 19, 0.6, 7);
+  Stream plain = compress(x, {1 << 19}, 1e-3, SZ_EB_ABS, SZ_LOSSLESS_NONE, 4);
+  sz_set_executor(&CountingExecutor::run, &CountingExecutor::calls);
+  Stream a = compress(x, {1 << 19}, 1e-3, SZ_EB_ABS, SZ_LOSSLESS_NONE, 4);
+  const int encode_calls = CountingExecutor::calls;
+  std::vector<float> y(x.size()), z(x.size());
+  const int rc = sz_decompress_host_ex(a.bytes.data(), a.bytes.size(), y.data(), y.size(), 3);
+  const int calls = CountingExecutor::calls, tasks = CountingExecutor::tasks;
+  Stream one = compress(x, {1 << 19}, 1e-3, SZ_EB_ABS, SZ_LOSSLESS_NONE, 1);  // no team asked for
+  const int calls_after_one = CountingExecutor::calls;
+  sz_set_executor(nullptr, nullptr);
+  ASSERT_EQ(a.status, SZ_OK);
+  ASSERT_EQ(rc, SZ_OK);
+  EXPECT_EQ(a.bytes, plain.bytes);
+  EXPECT_EQ(one.bytes, plain.bytes);
+  EXPECT_GE(encode_calls, 2);           // encode's two phases at least
+  EXPECT_GT(calls, encode_calls);       // and the decoder's
+  EXPECT_GE(tasks, 4 * encode_calls);   // each call with all of its threads' tasks
+  EXPECT_EQ(calls_after_one, calls);
+  ASSERT_EQ(sz_decompress_host_ex(a.bytes.data(), a.bytes.size(), z.data(), z.size(), 1), SZ_OK);
+  EXPECT_EQ(0, std::memcmp(y.data(), z.data(), 4 * y.size()));
+}
+
 TEST(Host, BadArguments) {
   std::vector<float> x(10, 1.0f);
   std::vector<uint8_t> out(sz_compress_bound(10));

@@ -103,6 +103,16 @@ SZ_API int sz_compress_host_ex(const float* in, const size_t* dims, int ndims,
  * need x' - x without encoding. out may equal in. */
 SZ_API int sz_restore_host(const float* in, size_t n, double eb, float* out);
 
+/* Where the host backend's threads come from. With nthreads > 1 a call splits its work into n
+ * tasks and hands them to the executor, which runs task(arg, t) for every t in [0, n) (t = 0
+ * may run on the calling thread) and returns when all have run; tasks never throw. NULL (the
+ * default) runs them on a new std::thread each, per call. A host application with a thread
+ * pool of its own (COMET-Caffe's store) installs it here, so that no call creates threads.
+ * Process-wide: set it before compressing, not while calls are running. */
+typedef void (*sz_task)(void* arg, int t);
+typedef void (*sz_executor)(void* ctx, int n, sz_task task, void* arg);
+SZ_API void sz_set_executor(sz_executor executor, void* ctx);
+
 /* Host decompression into out[0..n) where n = product of the stream's dims <= out_elems.
  * in_size must be the stream's exact size: SZ_ERR_EMPTY for 0 bytes, SZ_ERR_TRUNCATED when
  * shorter than the header states, SZ_ERR_TRAILING when longer. Besides the checksums, the

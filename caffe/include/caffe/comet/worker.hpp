@@ -9,8 +9,38 @@
 #include <mutex>   // NOLINT(build/c++11)
 #include <thread>  // NOLINT(build/c++11)
 #include <utility>
+#include <vector>
 
 namespace caffe {
+
+// The threads for work the step splits over every core (a decode on demand, every codec call
+// with comet { async: false }): made once per process, asleep between calls, and shared by sz
+// (installed with sz_set_executor) and the store's own loops, so no call creates threads. A
+// caller that finds the team busy (another solver's thread) gets threads of its own for that
+// one call.
+class CometTeam {
+ public:
+  static CometTeam& Get();
+  // Runs task(arg, t) for t in [0, n), task 0 on the calling thread, and returns when all ran.
+  void Run(int n, void (*task)(void*, int), void* arg);
+  size_t size() const { return threads_.size() + 1; }  // the caller included
+  // Calls that found the team busy and made threads of their own, since the start.
+  static uint64_t forked_calls();
+
+ private:
+  CometTeam();
+  void Serve();
+  void Work(std::unique_lock<std::mutex>* lock);  // claims and runs tasks while any are left
+
+  std::mutex busy_;  // one Run at a time
+  std::mutex mutex_;
+  std::condition_variable go_, done_;
+  uint64_t generation_;
+  int n_, next_, left_;
+  void (*task_)(void*, int);
+  void* arg_;
+  std::vector<std::thread> threads_;
+};
 
 // One background thread that runs the store's encodes and decodes in the order they were
 // submitted, so the training step goes on while they run (docs/comet.md#asynchronous-work).

@@ -92,9 +92,10 @@ size_t ShapeToDims(const std::vector<int>& shape, size_t dims[SZ_MAX_DIMS]) {
 }
 
 // Runs fn(begin, end) on [0, n) split into one contiguous range per hardware thread (ranges
-// start at multiples of `align`), or inline when n is small. Caffe's own work (BLAS) is idle
-// while the store encodes or decodes in the step, so the cores are free; on the store's worker
-// thread (comet { async }) the step runs beside it, and the work stays on the worker's core.
+// start at multiples of `align`) on the cores' team, or inline when n is small. Caffe's own
+// work (BLAS) is idle while the store encodes or decodes in the step, so the cores are free; on
+// the store's worker thread (comet { async }) the step runs beside it, and the work stays on the
+// worker's core.
 template <typename Fn>
 void ParallelRanges(size_t n, size_t align, Fn fn) {
   const size_t threads = std::max(1u, std::thread::hardware_concurrency());
@@ -103,11 +104,20 @@ void ParallelRanges(size_t n, size_t align, Fn fn) {
     return;
   }
   const size_t chunk = ((n + threads - 1) / threads + align - 1) / align * align;
-  std::vector<std::thread> workers;
-  for (size_t b = chunk; b < n; b += chunk) workers.push_back(std::thread(fn, b, std::min(n, b + chunk)));
-  fn(size_t(0), std::min(n, chunk));
-  for (size_t t = 0; t < workers.size(); ++t) workers[t].join();
+  struct Ranges {
+    Fn* fn;
+    size_t n, chunk;
+  } ranges = {&fn, n, chunk};
+  CometTeam::Get().Run(static_cast<int>((n + chunk - 1) / chunk), [](void* arg, int t) {
+    const Ranges& r = *static_cast<const Ranges*>(arg);
+    (*r.fn)(t * r.chunk, std::min(r.n, (t + 1) * r.chunk));
+  }, &ranges);
 }
+
+// sz's host backend takes its threads from the same team (sz_set_executor): no codec call in
+// the step creates threads. Installed when this library loads; the team starts on first use.
+void TeamExecutor(void*, int n, sz_task task, void* arg) { CometTeam::Get().Run(n, task, arg); }
+const bool team_installed = (sz_set_executor(&TeamExecutor, NULL), true);
 
 // Scratch for the worst-case stream; payloads keep only the bytes used.
 std::vector<uint8_t>& HostScratch() {

@@ -1,4 +1,6 @@
-// COMET-Caffe: the store's background thread (include/caffe/comet/worker.hpp).
+// COMET-Caffe: the store's background thread and the cores' team (include/caffe/comet/worker.hpp).
+#include <algorithm>
+#include <atomic>  // NOLINT(build/c++11)
 #include <chrono>  // NOLINT(build/c++11)
 
 #include "caffe/comet/worker.hpp"
@@ -7,7 +9,73 @@ namespace caffe {
 
 namespace {
 thread_local bool on_worker = false;
+std::atomic<uint64_t> forked(0);
 }  // namespace
+
+CometTeam& CometTeam::Get() {
+  static CometTeam* team = new CometTeam();  // never destroyed: its threads sleep until exit
+  return *team;
+}
+
+uint64_t CometTeam::forked_calls() { return forked.load(); }
+
+CometTeam::CometTeam() : generation_(0), n_(0), next_(0), left_(0), task_(NULL), arg_(NULL) {
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned i = 1; i < hw; ++i) threads_.push_back(std::thread(&CometTeam::Serve, this));
+  for (size_t i = 0; i < threads_.size(); ++i) threads_[i].detach();
+}
+
+void CometTeam::Work(std::unique_lock<std::mutex>* lock) {
+  while (next_ < n_) {
+    const int t = next_++;
+    void (*task)(void*, int) = task_;
+    void* arg = arg_;
+    lock->unlock();
+    task(arg, t);
+    lock->lock();
+    if (--left_ == 0) done_.notify_all();
+  }
+}
+
+void CometTeam::Serve() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  uint64_t seen = 0;
+  for (;;) {
+    go_.wait(lock, [this, seen] { return generation_ != seen; });
+    seen = generation_;
+    Work(&lock);
+  }
+}
+
+void CometTeam::Run(int n, void (*task)(void*, int), void* arg) {
+  if (n <= 1) {
+    if (n == 1) task(arg, 0);
+    return;
+  }
+  std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+  if (!busy.owns_lock() || threads_.empty()) {
+    ++forked;
+    std::vector<std::thread> own;
+    for (int t = 1; t < n; ++t) own.push_back(std::thread(task, arg, t));
+    task(arg, 0);
+    for (size_t t = 0; t < own.size(); ++t) own[t].join();
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  task_ = task;
+  arg_ = arg;
+  n_ = n;
+  next_ = 1;  // task 0 is the caller's
+  left_ = n;
+  ++generation_;
+  go_.notify_all();
+  lock.unlock();
+  task(arg, 0);
+  lock.lock();
+  if (--left_ == 0) done_.notify_all();
+  Work(&lock);  // the caller helps with tasks beyond the team's size
+  done_.wait(lock, [this] { return left_ == 0; });
+}
 
 CometWorker::CometWorker() : submitted_(0), finished_(0), stop_(false) {
   thread_ = std::thread(&CometWorker::Run, this);

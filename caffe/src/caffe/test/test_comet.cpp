@@ -24,6 +24,7 @@
 #include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/store.hpp"
+#include "caffe/comet/worker.hpp"
 #include "sz/sz.h"
 #include "caffe/common.hpp"
 #include "caffe/filler.hpp"
@@ -106,6 +107,35 @@ class CometPayloadTest : public ::testing::Test {
  protected:
   virtual void SetUp() { Caffe::set_mode(Caffe::CPU); }
 };
+
+// The cores' team: every task of a call runs once, a call with more tasks than threads too, and
+// two threads calling at once both get all of theirs (the second on threads of its own).
+TEST(CometTeamTest, RunsEveryTaskOnceAlsoWhenTwoThreadsCallAtOnce) {
+  struct Counts {
+    std::vector<int> hits;
+    std::mutex m;
+    static void Hit(void* arg, int t) {
+      Counts* c = static_cast<Counts*>(arg);
+      std::lock_guard<std::mutex> lock(c->m);
+      ++c->hits[t];
+    }
+  };
+  Counts one;
+  one.hits.assign(37, 0);
+  CometTeam::Get().Run(37, &Counts::Hit, &one);
+  EXPECT_EQ(one.hits, std::vector<int>(37, 1));
+  EXPECT_EQ(CometTeam::Get().size(), std::max(1u, std::thread::hardware_concurrency()));
+  Counts a, b;
+  a.hits.assign(5, 0);
+  b.hits.assign(5, 0);
+  std::thread other([&b] {
+    for (int i = 0; i < 300; ++i) CometTeam::Get().Run(5, &Counts::Hit, &b);
+  });
+  for (int i = 0; i < 300; ++i) CometTeam::Get().Run(5, &Counts::Hit, &a);
+  other.join();
+  EXPECT_EQ(a.hits, std::vector<int>(5, 300));
+  EXPECT_EQ(b.hits, std::vector<int>(5, 300));
+}
 
 TEST_F(CometPayloadTest, LossyRespectsTheBoundAndKeepsZeros) {
   Blob<float> blob(4, 8, 13, 11);
