@@ -3,6 +3,7 @@
 #include "caffe/comet/codes.hpp"
 #include "caffe/comet/mask.hpp"
 #include "caffe/comet/payload.hpp"
+#include "caffe/comet/payload_gpu.hpp"
 #include "caffe/util/device_alternate.hpp"
 
 namespace caffe {

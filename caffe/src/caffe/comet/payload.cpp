@@ -11,28 +11,13 @@
 
 #include "caffe/comet/mask.hpp"
 #include "caffe/comet/payload.hpp"
+#include "caffe/comet/payload_gpu.hpp"
 #include "caffe/comet/worker.hpp"
 #include "caffe/syncedmem.hpp"
-#include "caffe/util/benchmark.hpp"
 #include "sz/sz.h"
 
 namespace caffe {
 
-#ifndef CPU_ONLY
-// mask.cu
-void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* popcount,
-                      bool* nonfinite);
-void CometMaskDecodeGpu(const uint32_t* words, size_t count, float* x, bool apply_signs,
-                        uint32_t* popcount);
-void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
-                       const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
-                       uint32_t* words, uint32_t* popcount, bool* bad);
-void CometCodesUnpackGpu(const uint32_t* words, size_t count, int bits, bool argmax,
-                         const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
-                         int32_t* v, uint32_t* popcount);
-void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_diff,
-                          float* bottom_diff, float negative_slope, uint32_t* popcount);
-#endif
 
 namespace {
 
@@ -52,20 +37,14 @@ CometPayload::~CometPayload() {
   } else if (host_) {
     CometHostFree(host_, std::max<size_t>(bytes_, 1), host_cuda_);
   }
-#ifndef CPU_ONLY
   if (device_) CometGpuFree(device_, std::max<size_t>(bytes_, 1));
-#endif
 }
 
 void CometPayload::Allocate(size_t bytes) {
   CHECK_EQ(bytes_, 0) << "payload allocated twice";
   bytes_ = bytes;
   if (on_device_) {
-#ifndef CPU_ONLY
     CometGpuMalloc(&device_, std::max<size_t>(bytes, 1));
-#else
-    NO_GPU;
-#endif
   } else {
     if (kind_ == LOSSY && bytes >= kDirectMapBytes) {
       host_ = CometHostMap(bytes);
@@ -127,10 +106,15 @@ std::vector<uint8_t>& HostScratch() {
 std::atomic<size_t> host_scratch_bytes(0);  // all threads' HostScratch together
 std::atomic<size_t> transient_peak(0);      // largest device transient since the last take
 
-void NoteTransient(size_t bytes) {
+
+}  // namespace
+
+void CometNoteTransient(size_t bytes) {
   size_t seen = transient_peak.load();
   while (bytes > seen && !transient_peak.compare_exchange_weak(seen, bytes)) {}
 }
+
+namespace {
 
 // The codec's threads: all of them in the step, one on the store's worker (ParallelRanges).
 int CodecThreads() { return CometWorker::OnWorker() ? 1 : 0; }
@@ -167,27 +151,15 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
     std::copy(scratch.begin(), scratch.begin() + used, static_cast<uint8_t*>(p->data()));
     return p;
   }
-#ifndef CPU_ONLY
-  // Plan (the exact stream size, ~0.16 bytes per value of scratch), then write straight into
-  // the payload allocated at that size: the scratch is the whole transient.
-  const size_t scratch_bytes = sz_device_scratch_size(count);
-  void* scratch = NULL;
-  CometGpuMalloc(&scratch, std::max<size_t>(scratch_bytes, 1));
-  NoteTransient(scratch_bytes);
-  int rc = sz_compress_device_plan(data, dims, nd, eb, SZ_EB_ABS, scratch, scratch_bytes, &used,
-                                   NULL);
-  if (rc == SZ_OK) {
-    p->Allocate(used);
-    rc = sz_compress_device_write(data, dims, nd, eb, SZ_EB_ABS, p->data(), used, &used, scratch,
-                                  scratch_bytes, NULL);
+  const int rc = CometLossyEncodeGpu(data, dims, nd, eb, p.get());
+  if (rc != SZ_OK && error) {
+    *error = std::string(sz_strerror(rc)) + (rc == SZ_ERR_CUDA ? ": " : "") +
+             (rc == SZ_ERR_CUDA ? sz_cuda_error() : "");
+    return shared_ptr<CometPayload>();
   }
   CHECK_EQ(rc, SZ_OK) << "COMET: compressing " << name << " on the GPU failed: "
                       << sz_strerror(rc) << (rc == SZ_ERR_CUDA ? ": " : "")
                       << (rc == SZ_ERR_CUDA ? sz_cuda_error() : "");
-  CometGpuFree(scratch, std::max<size_t>(scratch_bytes, 1));
-#else
-  NO_GPU;
-#endif
   return p;
 }
 
@@ -224,11 +196,7 @@ shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool o
       popcount += __builtin_popcount(words[full]);
     }
   } else {
-#ifndef CPU_ONLY
     CometMaskPackGpu(data, count, static_cast<uint32_t*>(p->data()), &popcount, &nonfinite);
-#else
-    NO_GPU;
-#endif
   }
   if (nonfinite) return shared_ptr<CometPayload>();
   p->mask_popcount = popcount;
@@ -298,12 +266,8 @@ shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, 
       words[w] = comet_codes::pack_codes(v, count, bits, w, argmax, g, r, &bad);
     popcount = HostPopcount(words, count * bits);
   } else {
-#ifndef CPU_ONLY
     CometCodesPackGpu(v, count, bits, argmax, g, r, static_cast<uint32_t*>(p->data()),
                       &popcount, &bad);
-#else
-    NO_GPU;
-#endif
   }
   if (bad) return shared_ptr<CometPayload>();
   p->mask_popcount = popcount;
@@ -339,12 +303,8 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
     });
     popcount = HostPopcount(words, p.count() * p.code_bits);
   } else {
-#ifndef CPU_ONLY
     CometCodesUnpackGpu(static_cast<const uint32_t*>(p.data()), p.count(), p.code_bits, argmax,
                         p.pool, p.binary, out, &popcount);
-#else
-    NO_GPU;
-#endif
   }
   return PopcountMatches(p, popcount, error);
 }
@@ -393,12 +353,8 @@ bool CometReluBackward(const CometPayload& mask, const float* top_diff, float* b
     }
     popcount = HostPopcount(words, count);
   } else {
-#ifndef CPU_ONLY
     CometReluBackwardGpu(static_cast<const uint32_t*>(mask.data()), count, top_diff, bottom_diff,
                          negative_slope, &popcount);
-#else
-    NO_GPU;
-#endif
   }
   return PopcountMatches(mask, popcount, error);
 }
@@ -428,12 +384,8 @@ bool DecodeMask(const CometPayload& p, float* out, bool apply_signs, std::string
     }
     popcount = HostPopcount(words, p.count());
   } else {
-#ifndef CPU_ONLY
     CometMaskDecodeGpu(static_cast<const uint32_t*>(p.data()), p.count(), out, apply_signs,
                        &popcount);
-#else
-    NO_GPU;
-#endif
   }
   return PopcountMatches(p, popcount, error);
 }
@@ -462,11 +414,7 @@ bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
     uint8_t header[SZ_HEADER_SIZE];
     const size_t hbytes = std::min<size_t>(SZ_HEADER_SIZE, p.bytes());
     if (p.on_device()) {
-#ifndef CPU_ONLY
-      CUDA_CHECK(cudaMemcpy(header, p.data(), hbytes, cudaMemcpyDeviceToHost));
-#else
-      NO_GPU;
-#endif
+      CometCopyToHost(header, p.data(), hbytes);
     } else {
       std::copy(static_cast<const uint8_t*>(p.data()),
                 static_cast<const uint8_t*>(p.data()) + hbytes, header);
@@ -481,17 +429,7 @@ bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
       if (!p.on_device()) {
         rc = sz_decompress_host_ex(p.data(), p.bytes(), out, p.count(), CodecThreads());
       } else {
-#ifndef CPU_ONLY
-        const size_t scratch_bytes = sz_device_scratch_size(p.count());
-        void* scratch = NULL;
-        CometGpuMalloc(&scratch, std::max<size_t>(scratch_bytes, 1));
-        NoteTransient(scratch_bytes);
-        rc = sz_decompress_device(p.data(), p.bytes(), out, p.count(), scratch, scratch_bytes,
-                                  NULL);
-        CometGpuFree(scratch, std::max<size_t>(scratch_bytes, 1));
-#else
-        NO_GPU;
-#endif
+        rc = CometLossyDecodeGpu(p, out);
       }
     }
     if (rc != SZ_OK) {
@@ -585,5 +523,28 @@ void CometRestore(SyncedMemory* mem) {
     p->timing->wait_ms += ms;
   }
 }
+
+#ifdef CPU_ONLY
+// The device halves (payload_gpu.hpp) in a build without CUDA: never reached, since no payload
+// is made on a device here.
+void CometMaskPackGpu(const float*, size_t, uint32_t*, uint32_t*, bool*) { NO_GPU; }
+void CometMaskDecodeGpu(const uint32_t*, size_t, float*, bool, uint32_t*) { NO_GPU; }
+void CometCodesPackGpu(const int32_t*, size_t, int, bool, const comet_codes::PoolGeometry&,
+                       const comet_codes::BinaryRule&, uint32_t*, uint32_t*, bool*) { NO_GPU; }
+void CometCodesUnpackGpu(const uint32_t*, size_t, int, bool, const comet_codes::PoolGeometry&,
+                         const comet_codes::BinaryRule&, int32_t*, uint32_t*) { NO_GPU; }
+void CometReluBackwardGpu(const uint32_t*, size_t, const float*, float*, float, uint32_t*) {
+  NO_GPU;
+}
+int CometLossyEncodeGpu(const float*, const size_t*, int, double, CometPayload*) {
+  NO_GPU;
+  return SZ_ERR_CUDA;
+}
+int CometLossyDecodeGpu(const CometPayload&, float*) {
+  NO_GPU;
+  return SZ_ERR_CUDA;
+}
+void CometCopyToHost(void*, const void*, size_t) { NO_GPU; }
+#endif
 
 }  // namespace caffe

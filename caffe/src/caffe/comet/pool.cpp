@@ -311,6 +311,8 @@ CometPoolStats CometGpuPoolQuery() {  // all devices together
 }
 #else
 void CometGpuPoolEnable(bool) {}
+void CometGpuMalloc(void**, size_t) { NO_GPU; }  // never reached: no device payload here
+void CometGpuFree(void*, size_t) { NO_GPU; }
 CometPoolStats CometGpuPoolQuery() {
   CometPoolStats s = {0, 0, 0, 0, 0, 0};
   return s;
