@@ -20,6 +20,11 @@ class SyncedMemory;
 // step waited for (a decode on demand, an encode in the step, a wait for the store's worker).
 struct CometTiming {
   CometTiming() : decode_ms(0), wait_ms(0) {}
+  // A decode (or rebuild) that ran in the step: the step waited for all of it.
+  void DecodedInStep(double ms) {
+    decode_ms += ms;
+    wait_ms += ms;
+  }
   double decode_ms, wait_ms;
 };
 
@@ -82,6 +87,11 @@ class CometPayload {
 // of memory the store freed (RELEASED) and a read of the values of a blob held only as signs
 // (MASK) are fatal errors naming the blob and the reader (CometSetReadContext); never zeros.
 void CometRestore(SyncedMemory* mem);
+// For a payload detached from mem: mem's dense memory on the payload's side, allocated now,
+// to decode into (the store's decode ahead; CometRestore).
+void* CometDenseFor(SyncedMemory* mem, const CometPayload& p);
+// The fatal error of a payload that failed to decode, naming the blob and the reader.
+void CometFatalCorrupt(const std::string& blob, const std::string& error);
 
 // What is running, for those messages: "layer 'fc8' (InnerProduct) backward, iteration 12". The
 // store registers a describer that it updates with two fields per layer and that is asked only

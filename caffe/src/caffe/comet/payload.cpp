@@ -119,6 +119,13 @@ namespace {
 // The codec's threads: all of them in the step, one on the store's worker (ParallelRanges).
 int CodecThreads() { return CometWorker::OnWorker() ? 1 : 0; }
 
+// An sz status in words, with CUDA's own error where the status is a CUDA failure.
+std::string SzError(int rc) {
+  std::string why = sz_strerror(rc);
+  if (rc == SZ_ERR_CUDA) why += std::string(": ") + sz_cuda_error();
+  return why;
+}
+
 }  // namespace
 
 shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<int>& shape,
@@ -130,7 +137,7 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
   for (int i = 0; i < nd; ++i) count *= dims[i];
   shared_ptr<CometPayload> p(new CometPayload(CometPayload::LOSSY, on_device, count, name));
   const size_t bound = sz_compress_bound(count);
-  size_t used = 0;
+  int rc;
   if (!on_device) {
     std::vector<uint8_t>& scratch = HostScratch();
     if (scratch.size() < bound) {
@@ -141,25 +148,23 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
     sz_params_default(&params, eb, SZ_EB_ABS);
     params.lossless = SZ_LOSSLESS_NONE;  // zstd costs time and gains little on quantized codes
     params.nthreads = CodecThreads();
-    const int rc = sz_compress_host_ex(data, dims, nd, &params, scratch.data(), bound, &used);
-    if (rc != SZ_OK && error) {
-      *error = sz_strerror(rc);
+    size_t used = 0;
+    rc = sz_compress_host_ex(data, dims, nd, &params, scratch.data(), bound, &used);
+    if (rc == SZ_OK) {
+      p->Allocate(used);
+      std::copy(scratch.begin(), scratch.begin() + used, static_cast<uint8_t*>(p->data()));
+    }
+  } else {
+    rc = CometLossyEncodeGpu(data, dims, nd, eb, p.get());
+  }
+  if (rc != SZ_OK) {
+    if (error) {
+      *error = SzError(rc);
       return shared_ptr<CometPayload>();
     }
-    CHECK_EQ(rc, SZ_OK) << "COMET: compressing " << name << " failed: " << sz_strerror(rc);
-    p->Allocate(used);
-    std::copy(scratch.begin(), scratch.begin() + used, static_cast<uint8_t*>(p->data()));
-    return p;
+    LOG(FATAL) << "COMET: compressing " << name << (on_device ? " on the GPU" : "")
+               << " failed: " << SzError(rc);
   }
-  const int rc = CometLossyEncodeGpu(data, dims, nd, eb, p.get());
-  if (rc != SZ_OK && error) {
-    *error = std::string(sz_strerror(rc)) + (rc == SZ_ERR_CUDA ? ": " : "") +
-             (rc == SZ_ERR_CUDA ? sz_cuda_error() : "");
-    return shared_ptr<CometPayload>();
-  }
-  CHECK_EQ(rc, SZ_OK) << "COMET: compressing " << name << " on the GPU failed: "
-                      << sz_strerror(rc) << (rc == SZ_ERR_CUDA ? ": " : "")
-                      << (rc == SZ_ERR_CUDA ? sz_cuda_error() : "");
   return p;
 }
 
@@ -433,8 +438,7 @@ bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
       }
     }
     if (rc != SZ_OK) {
-      *error = sz_strerror(rc);
-      if (rc == SZ_ERR_CUDA) *error += std::string(": ") + sz_cuda_error();
+      *error = SzError(rc);
       return false;
     }
     if (p.sign_mask) {
@@ -484,21 +488,39 @@ std::string CometNum(double v) {
   return os.str();
 }
 
+namespace {
+// A read of memory the plan said nobody reads now: `state` says what the memory is, `reads`
+// how the reader came to it, `setting` what avoids it.
+void FatalUnforeseenRead(const std::string& state, const char* reads, const char* setting) {
+  CometFatal("COMET: " + state + ", and " + CometReadContext() + " " + reads + ". The plan did "
+             "not foresee this read: report it with the net (docs/comet.md#layer-facts); "
+             "comet { " + setting);
+}
+}  // namespace
+
+void* CometDenseFor(SyncedMemory* mem, const CometPayload& p) {
+  void* out = p.on_device() ? mem->mutable_gpu_data() : mem->mutable_cpu_data();
+  CHECK_GE(mem->size(), p.dense_bytes()) << "COMET: blob " << p.name() << " shrank";
+  return out;
+}
+
+void CometFatalCorrupt(const std::string& blob, const std::string& error) {
+  CometFatal("COMET: the compressed data of blob '" + blob + "' is corrupt (" + error +
+             "), read by " + CometReadContext() + "; refusing to use it");
+}
+
 void CometRestore(SyncedMemory* mem) {
   const CometPayload& held = *mem->comet_payload();
   if (held.kind() == CometPayload::RELEASED) {
     // The payload stays attached: every later read fails the same way until a forward writes it.
-    CometFatal("COMET: the " + held.name() + " was freed after its last use in the training "
-               "step, and " + CometReadContext() + " reads it. The plan did not foresee this "
-               "read: report it with the net (docs/comet.md#layer-facts); comet { "
-               "release_unused: false release_diffs: false } keeps such memory");
+    FatalUnforeseenRead("the " + held.name() + " was freed after its last use in the training "
+                        "step", "reads it",
+                        "release_unused: false release_diffs: false } keeps such memory");
     return;
   }
   if (held.kind() == CometPayload::IN_FLIGHT) {
-    CometFatal("COMET: " + held.name() + " is being decoded ahead for a later backward layer, "
-               "and " + CometReadContext() + " reads it first. The plan did not foresee this "
-               "read: report it with the net (docs/comet.md#layer-facts); comet { "
-               "decode_ahead: 0 } decodes on demand");
+    FatalUnforeseenRead(held.name() + " is being decoded ahead for a later backward layer",
+                        "reads it first", "decode_ahead: 0 } decodes on demand");
     return;
   }
   if (held.kind() == CometPayload::MASK) {
@@ -510,18 +532,10 @@ void CometRestore(SyncedMemory* mem) {
   shared_ptr<CometPayload> p;
   p.swap(mem->comet_payload());  // detached first: the accesses below must not recurse
   const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  void* out = p->on_device() ? mem->mutable_gpu_data() : mem->mutable_cpu_data();
-  CHECK_GE(mem->size(), p->dense_bytes()) << "COMET: blob " << p->name() << " shrank";
+  void* out = CometDenseFor(mem, *p);
   std::string error;
-  if (!CometDecode(*p, out, &error)) {
-    CometFatal("COMET: the compressed data of blob '" + p->name() + "' is corrupt (" + error +
-               "), read by " + CometReadContext() + "; refusing to use it");
-  }
-  if (p->timing) {  // a reader in the step waits for its restore
-    const double ms = CometMsSince(start);
-    p->timing->decode_ms += ms;
-    p->timing->wait_ms += ms;
-  }
+  if (!CometDecode(*p, out, &error)) CometFatalCorrupt(p->name(), error);
+  if (p->timing) p->timing->DecodedInStep(CometMsSince(start));  // the reader waited for it
 }
 
 #ifdef CPU_ONLY

@@ -58,6 +58,12 @@ struct CometStore<Dtype>::Job {
   shared_ptr<CometPayload> payload;
   std::string error, note;
   double ms;         // the work's own time
+
+  void Run() {       // the work, timed
+    const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    work(this);
+    ms = CometMsSince(start);
+  }
 };
 
 namespace {
@@ -219,9 +225,7 @@ void CometStore<Dtype>::MakePlan() {
 template <typename Dtype>
 void CometStore<Dtype>::Start(const shared_ptr<Job>& job, bool on_worker) {
   if (!on_worker) {
-    const Clock::time_point start = Clock::now();
-    job->work(job.get());
-    job->ms = CometMsSince(start);
+    job->Run();
     entries_[job->entry].timing->wait_ms += job->ms;  // in the step: all of it is waited for
     Finish(job.get());
     return;
@@ -229,11 +233,7 @@ void CometStore<Dtype>::Start(const shared_ptr<Job>& job, bool on_worker) {
   while (!jobs_.empty() && in_flight_ + job->bytes > max_in_flight_) Await(jobs_.front());
   in_flight_ += job->bytes;
   Job* raw = job.get();  // jobs_ keeps it until it is finished, after its work ran
-  job->ticket = worker_->Submit([raw] {
-    const Clock::time_point start = Clock::now();
-    raw->work(raw);
-    raw->ms = CometMsSince(start);
-  });
+  job->ticket = worker_->Submit([raw] { raw->Run(); });
   jobs_.push_back(job);
 }
 
@@ -273,8 +273,7 @@ void CometStore<Dtype>::Finish(Job* job) {
     if (!job->error.empty()) {
       job->mem->comet_release();
       job->mem->comet_payload() = job->payload;  // every later read fails the same way
-      CometFatal("COMET: the compressed data of blob '" + e.blob + "' is corrupt (" +
-                 job->error + "), read by " + CometReadContext() + "; refusing to use it");
+      CometFatalCorrupt(e.blob, job->error);
       return;
     }
     if (job->payload->timing) job->payload->timing->decode_ms += job->ms;
@@ -315,8 +314,7 @@ void CometStore<Dtype>::DecodeAhead(int layer) {
       // Past the cap it is decoded on demand, as without decode_ahead: no waiting here.
       if (in_flight_ + mem->size() > max_in_flight_) return;
       mem->comet_payload().reset();
-      void* out = mem->mutable_cpu_data();
-      CHECK_GE(mem->size(), p->dense_bytes()) << "COMET: blob " << p->name() << " shrank";
+      void* out = CometDenseFor(mem, *p);  // a host payload: host memory
       mem->comet_payload().reset(new CometPayload(CometPayload::IN_FLIGHT, false, 0,
                                                   "the data of blob '" + e.blob + "'"));
       shared_ptr<Job> job(new Job(Job::DECODE, x, mem));
@@ -618,9 +616,7 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     Layer<Dtype>* l = net_->layers()[layer].get();
     if (e.source >= 0) CometLayerAccess<Dtype>::RebuildScaleCopy(l, net_->layers()[e.source].get());
     else CometLayerAccess<Dtype>::RebuildBatchNormTemp(l);
-    const double ms = CometMsSince(start);
-    e.timing->decode_ms += ms;
-    e.timing->wait_ms += ms;
+    e.timing->DecodedInStep(CometMsSince(start));
   }
   if (param_.relu_masks() && plan_.facts[layer].relu_from_mask) ReluBackwardFromMask(layer);
   if (measuring_) bounds_.BeforeBackward(layer);
@@ -654,9 +650,7 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
     LOG(FATAL) << "COMET: the sign mask of blob '" << e.blob << "' is corrupt (" << error
                << "); refusing to use it";
   }
-  const double ms = CometMsSince(start);
-  e.timing->decode_ms += ms;
-  e.timing->wait_ms += ms;
+  e.timing->DecodedInStep(CometMsSince(start));
   // Net passes this vector to ReLU's Backward; with it false ReLU leaves the diff as it is.
   // AfterBackward sets it back.
   propagate[0] = false;
