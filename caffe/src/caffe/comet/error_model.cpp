@@ -212,40 +212,44 @@ bool RunningMax(const std::vector<double>& errors, std::vector<double>* up) {
   }
   return true;
 }
+// The line (log-log) through (bound, error) that both readers follow near a point.
+struct Segment {
+  double bound, error, slope;
+};
+// The segment that serves x, an error (x_is_error) or a bound: the one that ends at the first
+// measured point past x; before the first point or past the last, the end segment with its slope
+// clamped. False where the curve says nothing.
+bool SegmentAt(const std::vector<double>& bounds, const std::vector<double>& errors, double x,
+               bool x_is_error, Segment* seg) {
+  const int n = bounds.size();
+  if (n < 2 || !(x > 0)) return false;
+  std::vector<double> up;
+  if (!RunningMax(errors, &up)) return false;
+  int k = 0;  // the first measured point past x
+  while (k < n && !(x_is_error ? up[k] > x : x <= bounds[k])) ++k;
+  // Between two points, that segment's own slope (> 0 where the curve crosses an error from below).
+  const int at = k == 0 ? 0 : k - 1;  // the point the line goes through
+  const int from = k == 0 ? 0 : k == n ? n - 2 : k - 1;
+  seg->bound = bounds[at];
+  seg->error = up[at];
+  seg->slope = Slope(bounds[from], up[from], bounds[from + 1], up[from + 1]);
+  if (k == 0 || k == n) seg->slope = Clamp14(seg->slope);
+  return true;
+}
 }  // namespace
 
 double CometBoundForError(const std::vector<double>& bounds, const std::vector<double>& errors,
                           double target) {
-  const int n = bounds.size();
-  if (n < 2 || !(target > 0)) return -1;
-  std::vector<double> up;
-  if (!RunningMax(errors, &up)) return -1;
-  if (up[0] > target)
-    return Along(bounds[0], up[0],
-                 Clamp14(Slope(bounds[0], up[0], bounds[1], up[1])), target);
-  for (int i = 0; i + 1 < n; ++i)  // the first crossing from below: its own slope, > 0
-    if (up[i + 1] > target)
-      return Along(bounds[i], up[i], Slope(bounds[i], up[i], bounds[i + 1], up[i + 1]),
-                   target);
-  return Along(bounds[n - 1], up[n - 1],
-               Clamp14(Slope(bounds[n - 2], up[n - 2], bounds[n - 1], up[n - 1])), target);
+  Segment s;
+  if (!SegmentAt(bounds, errors, target, true, &s)) return -1;
+  return Along(s.bound, s.error, s.slope, target);
 }
 
 double CometErrorAt(const std::vector<double>& bounds, const std::vector<double>& errors,
                     double eb) {
-  const int n = bounds.size();
-  if (n < 2 || !(eb > 0)) return -1;
-  std::vector<double> up;
-  if (!RunningMax(errors, &up)) return -1;
-  if (eb <= bounds[0])
-    return up[0] * std::exp(Clamp14(Slope(bounds[0], up[0], bounds[1], up[1])) *
-                            std::log(eb / bounds[0]));
-  for (int i = 0; i + 1 < n; ++i)
-    if (eb <= bounds[i + 1])
-      return up[i] * std::exp(Slope(bounds[i], up[i], bounds[i + 1], up[i + 1]) *
-                              std::log(eb / bounds[i]));
-  return up[n - 1] * std::exp(Clamp14(Slope(bounds[n - 2], up[n - 2], bounds[n - 1], up[n - 1])) *
-                              std::log(eb / bounds[n - 1]));
+  Segment s;
+  if (!SegmentAt(bounds, errors, eb, false, &s)) return -1;
+  return s.error * std::exp(s.slope * std::log(eb / s.bound));
 }
 
 double CometDriftMargin(double margin, double predicted, double measured) {
