@@ -156,8 +156,18 @@ def _tar_members(path: Path, fileobj=None, region: int | None = None, what: str 
     return members
 
 
-class TarSource(Source):
-    """Images inside an uncompressed tar, named by their path in it."""
+def _tar_images(members):
+    """(name, member) for each image file among a tar's members, named without a leading "./"."""
+    for m in members:
+        name = m.name[2:] if m.name.startswith("./") else m.name
+        if m.isfile() and is_image_name(name):
+            yield name, m
+
+
+class _TarFileSource(Source):
+    """What both tar sources share: each image is (offset, size) in the file, in `_members` by name."""
+
+    kind = ""  # for identity()
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -165,13 +175,9 @@ class TarSource(Source):
         if not self.path.exists():
             raise CometError(f"{self.path}: no such file")
         self._members: dict[str, tuple[int, int]] = {}
-        for m in _tar_members(self.path):
-            name = m.name[2:] if m.name.startswith("./") else m.name
-            if m.isfile() and is_image_name(name):
-                self._members[name] = (m.offset_data, m.size)
 
     def identity(self) -> dict:
-        return _file_identity("tar", self.path)
+        return _file_identity(self.kind, self.path)
 
     def names(self) -> list[str]:
         return sorted(self._members)
@@ -180,28 +186,37 @@ class TarSource(Source):
         offset, size = self._members[name]
         return ("tar", str(self.path), offset, size)
 
+
+class TarSource(_TarFileSource):
+    """Images inside an uncompressed tar, named by their path in it."""
+
+    kind = "tar"
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        for name, m in _tar_images(_tar_members(self.path)):
+            self._members[name] = (m.offset_data, m.size)
+
     def other_members(self) -> list[str]:
         """Names of the members that are not images (to explain what an archive holds instead)."""
         return [m.name for m in _tar_members(self.path) if m.isfile() and m.name not in self._members]
 
 
-class NestedTarSource(Source):
+class NestedTarSource(_TarFileSource):
     """A tar of per-class tars (ILSVRC-2012's train archive: nXXXXXXXX.tar, one per WordNet ID). An image
     is named "<inner tar's stem>/<its name in the inner tar>"; the inner tars are read through the outer
     file (tarfile on the outer member's file object), never extracted, and each image is addressed by its
     absolute offset in the outer file."""
 
+    kind = "nested-tar"
+
     def __init__(self, path: Path, check=None):
         """`check(inner_tar_names, other_names)` may refuse the archive (CometError) before the slow part."""
-        self.path = Path(path)
-        self.where = str(self.path)
-        if not self.path.exists():
-            raise CometError(f"{self.path}: no such file")
+        super().__init__(path)
         outer = [m for m in _tar_members(self.path) if m.isfile()]
         inner = [m for m in outer if m.name.lower().endswith(".tar")]
         if check:
             check([m.name for m in inner], [m.name for m in outer if not m.name.lower().endswith(".tar")])
-        self._members: dict[str, tuple[int, int]] = {}
         self.classes: list[str] = []
         with open(self.path, "rb") as f, counting_progress(transient=True) as prog:
             task = prog.add_task(f"index {self.path.name}", total=len(inner), rate="")
@@ -209,21 +224,10 @@ class NestedTarSource(Source):
                 stem = m.name.rsplit("/", 1)[-1][: -len(".tar")]
                 self.classes.append(stem)
                 region = _Region(f, m.offset_data, m.size)
-                for im in _tar_members(self.path, region, m.size, what=f"{self.path}: {m.name}"):
-                    name = im.name[2:] if im.name.startswith("./") else im.name
-                    if im.isfile() and is_image_name(name):
-                        self._members[f"{stem}/{name}"] = (m.offset_data + im.offset_data, im.size)
+                members = _tar_members(self.path, region, m.size, what=f"{self.path}: {m.name}")
+                for name, im in _tar_images(members):
+                    self._members[f"{stem}/{name}"] = (m.offset_data + im.offset_data, im.size)
                 prog.advance(task)
-
-    def identity(self) -> dict:
-        return _file_identity("nested-tar", self.path)
-
-    def names(self) -> list[str]:
-        return sorted(self._members)
-
-    def job(self, name: str):
-        offset, size = self._members[name]
-        return ("tar", str(self.path), offset, size)
 
 
 class _Region(io.RawIOBase):
