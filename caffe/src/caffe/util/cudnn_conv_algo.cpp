@@ -28,6 +28,23 @@ int FirstUsable(const std::vector<Perf>& ranked, int returned, size_t limit, int
   return -1;
 }
 
+// One direction's algorithm: cuDNN's ranking from `query` (a *_v7 call, given the descriptors a, b,
+// conv, c in its own order), its first usable result, or `fallback` when none is.
+template <typename A, typename B, typename C, typename Perf>
+decltype(Perf::algo) Choose(cudnnStatus_t (*max_count)(cudnnHandle_t, int*),
+                            cudnnStatus_t (*query)(cudnnHandle_t, A, B,
+                                                   cudnnConvolutionDescriptor_t, C, int, int*,
+                                                   Perf*),
+                            cudnnHandle_t handle, A a, B b, cudnnConvolutionDescriptor_t conv, C c,
+                            size_t limit, int skip_algo, decltype(Perf::algo) fallback) {
+  int count = 0, returned = 0;
+  CUDNN_CHECK(max_count(handle, &count));
+  std::vector<Perf> ranked(count > 0 ? count : 1);
+  CUDNN_CHECK(query(handle, a, b, conv, c, count, &returned, &ranked[0]));
+  const int i = FirstUsable(ranked, returned, limit, skip_algo);
+  return i >= 0 ? ranked[i].algo : fallback;
+}
+
 }  // namespace
 
 ConvAlgorithms ChooseConvAlgorithms(cudnnHandle_t handle, cudnnTensorDescriptor_t x,
@@ -35,29 +52,16 @@ ConvAlgorithms ChooseConvAlgorithms(cudnnHandle_t handle, cudnnTensorDescriptor_
                                     cudnnTensorDescriptor_t y, size_t workspace_limit,
                                     bool skip_precomp_gemm_fwd) {
   ConvAlgorithms a;
-  int count = 0, returned = 0;
-
-  CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &count));
-  std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(count > 0 ? count : 1);
-  CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, x, w, conv, y, count, &returned,
-                                                     &fwd[0]));
-  int i = FirstUsable(fwd, returned, workspace_limit,
-                      skip_precomp_gemm_fwd ? CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM : -1);
-  a.fwd = i >= 0 ? fwd[i].algo : CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-
-  CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &count));
-  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bf(count > 0 ? count : 1);
-  CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, x, y, conv, w, count,
-                                                            &returned, &bf[0]));
-  i = FirstUsable(bf, returned, workspace_limit, -1);
-  a.bwd_filter = i >= 0 ? bf[i].algo : CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
-
-  CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &count));
-  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bd(count > 0 ? count : 1);
-  CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, w, y, conv, x, count,
-                                                          &returned, &bd[0]));
-  i = FirstUsable(bd, returned, workspace_limit, -1);
-  a.bwd_data = i >= 0 ? bd[i].algo : CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+  a.fwd = Choose(cudnnGetConvolutionForwardAlgorithmMaxCount,
+                 cudnnGetConvolutionForwardAlgorithm_v7, handle, x, w, conv, y, workspace_limit,
+                 skip_precomp_gemm_fwd ? CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM : -1,
+                 CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+  a.bwd_filter = Choose(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
+                        cudnnGetConvolutionBackwardFilterAlgorithm_v7, handle, x, y, conv, w,
+                        workspace_limit, -1, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0);
+  a.bwd_data = Choose(cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
+                      cudnnGetConvolutionBackwardDataAlgorithm_v7, handle, w, y, conv, x,
+                      workspace_limit, -1, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0);
 
   // The workspace each chosen algorithm needs, as the calls that run it will be told.
   CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, conv, y, a.fwd,
