@@ -1,13 +1,11 @@
 // COMET-Caffe: the memory pools of SyncedMemory (include/caffe/comet/pool.hpp).
-#include <algorithm>
-#include <list>
-#include <map>
-#include <utility>
-#include <vector>
-
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <map>
+
 #include "boost/thread/mutex.hpp"
+#include "caffe/comet/block_pool.hpp"
 #include "caffe/comet/pool.hpp"
 #include "caffe/common.hpp"
 #include "caffe/syncedmem.hpp"
@@ -23,136 +21,8 @@ void CometHostUnmap(void* ptr, size_t size) { CHECK_EQ(munmap(ptr, size), 0) << 
 
 namespace {
 
-// Freed blocks kept by (device, size) for the next allocation of that size. The pool tracks the
-// blocks it handed out (allocated with its own alloc/free functions) and only ever caches those;
-// in_use counts them. The cache is trimmed so that in_use + cached never exceeds the largest
-// in_use seen: reuse saves the allocation and its page faults without raising the peak. Training
-// repeats the same allocations every step, so the pool remembers the sizes the last step asked
-// for, in order, and evicts the cached block whose size is asked for again furthest ahead.
-class BlockPool {
- public:
-  typedef std::pair<int, size_t> Key;
-  typedef void (*FreeFn)(void* ptr, size_t size);
-  explicit BlockPool(FreeFn free_fn)
-      : enabled(0), headroom(0), in_use(0), cached(0), peak_in_use(0), hits(0), misses(0),
-        evicted(0), free_fn_(free_fn) {}
-
-  // A cached block for key, or NULL (the caller allocates and calls Track).
-  void* Take(const Key& key) {
-    requests_.push_back(key);
-    std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.find(key);
-    if (it == by_key_.end()) {
-      ++misses;
-      return NULL;
-    }
-    void* ptr = it->second->ptr;
-    lru_.erase(it->second);
-    by_key_.erase(it);
-    cached -= key.second;
-    ++hits;
-    Track(ptr, key.second);
-    return ptr;
-  }
-  void Track(void* ptr, size_t size) {
-    live_[ptr] = size;
-    in_use += size;
-    peak_in_use = std::max(peak_in_use, in_use);
-    Trim();
-  }
-  // Takes back a block the pool handed out: cached, or freed when the pool is off. False for
-  // any other block, which the caller frees itself.
-  bool Give(void* ptr, const Key& key) {
-    std::map<void*, size_t>::iterator it = live_.find(ptr);
-    if (it == live_.end()) return false;
-    in_use -= it->second;
-    live_.erase(it);
-    if (!enabled) {
-      free_fn_(ptr, key.second);
-      return true;
-    }
-    Block b = {key, ptr};
-    by_key_.insert(std::make_pair(key, lru_.insert(lru_.end(), b)));
-    cached += key.second;
-    Trim();
-    return true;
-  }
-  void ReleaseCached() {
-    for (std::list<Block>::iterator it = lru_.begin(); it != lru_.end(); ++it)
-      free_fn_(it->ptr, it->key.second);
-    evicted += lru_.size();
-    lru_.clear();
-    by_key_.clear();
-    cached = 0;
-  }
-  // The last user is gone: the cache goes back, and the next user starts its own peak.
-  void Disable() {
-    headroom = 0;
-    ReleaseCached();
-    peak_in_use = in_use;
-    requests_.clear();
-    last_step_.clear();
-  }
-  // A training step starts: what the last one asked for guides the next evictions.
-  void MarkStep() {
-    last_step_.swap(requests_);
-    requests_.clear();
-  }
-  CometPoolStats Stats() const {
-    CometPoolStats s = {in_use, cached, peak_in_use, hits, misses, evicted};
-    return s;
-  }
-
-  boost::mutex mutex;
-  int enabled;
-  double headroom;  // the cache may reach (1 + headroom) x the peak in use
-  size_t in_use, cached, peak_in_use, hits, misses, evicted;
-
- private:
-  struct Block {
-    Key key;
-    void* ptr;
-  };
-  // Position in the last step's requests at which key is asked for next (the steps repeat, so
-  // a size asked for only earlier comes after all of this step's); never asked: furthest.
-  size_t NextUse(const Key& key) const {
-    const size_t now = requests_.size(), n = last_step_.size();
-    for (size_t i = now; i < n; ++i) if (last_step_[i] == key) return i;
-    for (size_t i = 0; i < std::min(now, n); ++i) if (last_step_[i] == key) return n + i;
-    return 2 * n + 1;
-  }
-  void Trim() {
-    const size_t cap = peak_in_use + static_cast<size_t>(headroom * peak_in_use);
-    while (!lru_.empty() && in_use + cached > cap) {
-      // the victim: furthest next use; among equals the oldest (lru_ is oldest first)
-      std::list<Block>::iterator victim = lru_.begin();
-      size_t furthest = NextUse(victim->key);
-      for (std::list<Block>::iterator b = lru_.begin(); b != lru_.end(); ++b) {
-        const size_t next = b->key == victim->key ? furthest : NextUse(b->key);
-        if (next > furthest) {
-          victim = b;
-          furthest = next;
-        }
-      }
-      std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.find(victim->key);
-      while (it->second != victim) ++it;
-      by_key_.erase(it);
-      cached -= victim->key.second;
-      free_fn_(victim->ptr, victim->key.second);
-      lru_.erase(victim);
-      ++evicted;
-    }
-  }
-  std::list<Block> lru_;  // cached blocks, oldest first
-  std::vector<Key> requests_, last_step_;  // sizes asked for in this step and in the last
-  std::multimap<Key, std::list<Block>::iterator> by_key_;
-  std::map<void*, size_t> live_;
-  FreeFn free_fn_;
-};
-
-
-
-BlockPool& HostPool() {
-  static BlockPool* pool = new BlockPool(CometHostUnmap);  // never destroyed: frees come at exit
+BlockPool& HostPool() {  // never destroyed: frees come at exit
+  static BlockPool* pool = new BlockPool(CometHostUnmap, true);
   return *pool;
 }
 
@@ -230,7 +100,7 @@ BlockPool& GpuPool(int device) {
   boost::mutex::scoped_lock lock(all.mutex);
   std::map<int, BlockPool*>::iterator it = all.by_device.find(device);
   if (it != all.by_device.end()) return *it->second;
-  BlockPool* pool = new BlockPool(GpuRelease);
+  BlockPool* pool = new BlockPool(GpuRelease, false);
   pool->enabled = all.enabled;
   pool->headroom = all.headroom;
   all.by_device[device] = pool;

@@ -15,10 +15,13 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
 #include "caffe/blob.hpp"
+#include "caffe/comet/block_pool.hpp"
 #include "caffe/comet/codes.hpp"
 #include "caffe/comet/error_model.hpp"
 #include "caffe/comet/layer_access.hpp"
@@ -840,6 +843,21 @@ TEST_F(CometPayloadTest, DeviceDropoutCodesKeepTheThresholdTest) {
   EXPECT_EQ(comet_codes::unpack_code(words.data(), 0, 1, false, none, gpu), 0);
 }
 
+long MinorFaults() {  // NOLINT(runtime/int): rusage's type
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
+
+// Writes a pattern over [p, p + bytes) and reads it back.
+bool HoldsWrites(void* p, size_t bytes) {
+  unsigned char* c = static_cast<unsigned char*>(p);
+  for (size_t i = 0; i < bytes; i += 512) c[i] = static_cast<unsigned char>(i / 512 * 7);
+  for (size_t i = 0; i < bytes; i += 512)
+    if (c[i] != static_cast<unsigned char>(i / 512 * 7)) return false;
+  return true;
+}
+
 TEST_F(CometPayloadTest, HostPoolReusesFreedBlocksWithinThePeak) {
   const size_t mb = 1 << 20;
   CometHostPoolEnable(true);
@@ -849,6 +867,8 @@ TEST_F(CometPayloadTest, HostPoolReusesFreedBlocksWithinThePeak) {
   CometHostMalloc(&a, 4 * mb, &cuda);
   EXPECT_FALSE(cuda);
   CometHostMalloc(&b, 2 * mb, &cuda);
+  std::memset(a, 1, 4 * mb);
+  std::memset(b, 1, 2 * mb);
   CometHostFree(a, 4 * mb, false);
   EXPECT_EQ(CometHostPoolQuery().cached, 4 * mb);
   CometHostMalloc(&c, 4 * mb, &cuda);  // the same size comes back from the pool
@@ -858,70 +878,100 @@ TEST_F(CometPayloadTest, HostPoolReusesFreedBlocksWithinThePeak) {
   CometHostFree(c, 4 * mb, false);
   // both fit under the peak in use (6 MB): kept
   EXPECT_EQ(CometHostPoolQuery().cached, 6 * mb);
+  // A new size is made of the cached pages (2 MB whole, 3 of the 4 MB block; its last 1 MB stays
+  // cached): nothing new is mapped, so writing all of it faults no page in.
   void* d = NULL;
-  CometHostMalloc(&d, 5 * mb, &cuda);  // a new size: in use 5 + cached 6 > peak: oldest go first
-  const CometPoolStats s1 = CometHostPoolQuery();
-  EXPECT_LE(s1.in_use + s1.cached, s1.peak_in_use);
-  EXPECT_GT(s1.evicted, s0.evicted);
-  std::memset(d, 1, 5 * mb);
+  long faults = MinorFaults();  // NOLINT(runtime/int)
+  CometHostMalloc(&d, 5 * mb, &cuda);
+  EXPECT_TRUE(HoldsWrites(d, 5 * mb));
+  EXPECT_LT(MinorFaults() - faults, 64);  // fresh memory: 1,280 faults of 4 KB pages
+  CometPoolStats s1 = CometHostPoolQuery();
+  EXPECT_EQ(s1.hits, s0.hits + 2);
+  EXPECT_EQ(s1.in_use, 5 * mb);
+  EXPECT_EQ(s1.cached, 1 * mb);
+  EXPECT_EQ(s1.evicted, s0.evicted);
   CometHostFree(d, 5 * mb, false);
+  // The block of two sources is cached as one and moves on whole: 6 MB from it and the 1 MB left.
+  void* e = NULL;
+  faults = MinorFaults();
+  CometHostMalloc(&e, 6 * mb, &cuda);
+  EXPECT_TRUE(HoldsWrites(e, 6 * mb));
+  EXPECT_LT(MinorFaults() - faults, 64);
+  EXPECT_EQ(CometHostPoolQuery().cached, 0u);
+  CometHostFree(e, 6 * mb, false);
+  // More than the cache holds: every cached page and new memory for the rest.
+  void* f = NULL;
+  const size_t misses = CometHostPoolQuery().misses;
+  CometHostMalloc(&f, 9 * mb, &cuda);
+  s1 = CometHostPoolQuery();
+  EXPECT_EQ(s1.misses, misses + 1);
+  EXPECT_EQ(s1.cached, 0u);
+  EXPECT_EQ(s1.in_use, 9 * mb);
+  EXPECT_TRUE(HoldsWrites(f, 9 * mb));
+  CometHostFree(f, 9 * mb, false);
   CometHostPoolEnable(false);  // the last user gone: everything goes back
   EXPECT_EQ(CometHostPoolQuery().cached, 0u);
   // small blocks are malloc's business
-  void* e = NULL;
+  void* g = NULL;
   CometHostPoolEnable(true);
-  CometHostMalloc(&e, 1000, &cuda);
-  CometHostFree(e, 1000, false);
+  CometHostMalloc(&g, 1000, &cuda);
+  CometHostFree(g, 1000, false);
   EXPECT_EQ(CometHostPoolQuery().cached, 0u);
   CometHostPoolEnable(false);
 }
 
-TEST_F(CometPayloadTest, HostPoolHeadroomKeepsMoreAboveThePeak) {
+// The device pool reuses blocks of the same size only; driven here with made-up addresses.
+std::vector<void*> fake_blocks_freed;
+void FakeFree(void* ptr, size_t) { fake_blocks_freed.push_back(ptr); }
+void* FakeBlock(int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(i) << 24); }
+
+TEST_F(CometPayloadTest, SizedPoolHeadroomKeepsMoreAboveThePeak) {
   const size_t mb = 1 << 20;
-  bool cuda = false;
+  const BlockPool::Key four(0, 4 * mb), five(0, 5 * mb);
   size_t evicted[2];
   const double headroom[2] = {0, 1};
   for (int k = 0; k < 2; ++k) {
-    CometHostPoolEnable(true);
-    CometPoolsSetHeadroom(headroom[k]);
-    const size_t e0 = CometHostPoolQuery().evicted;
-    void *a = NULL, *b = NULL;
-    CometHostMalloc(&a, 4 * mb, &cuda);
-    CometHostFree(a, 4 * mb, false);   // cached: 4 MB, peak in use 4 MB
-    CometHostMalloc(&b, 5 * mb, &cuda);  // 5 in use + 4 cached: over 1x the new peak, under 2x
-    evicted[k] = CometHostPoolQuery().evicted - e0;
-    const CometPoolStats st = CometHostPoolQuery();
-    EXPECT_LE(st.in_use + st.cached, static_cast<size_t>((1 + headroom[k]) * st.peak_in_use));
-    CometHostFree(b, 5 * mb, false);
-    CometHostPoolEnable(false);
+    BlockPool pool(FakeFree, false);
+    pool.enabled = 1;
+    pool.headroom = headroom[k];
+    EXPECT_TRUE(pool.Take(four) == NULL);
+    pool.Track(FakeBlock(1), 4 * mb);
+    EXPECT_TRUE(pool.Give(FakeBlock(1), four));  // cached: 4 MB, peak in use 4 MB
+    EXPECT_TRUE(pool.Take(five) == NULL);  // another size: no reuse
+    pool.Track(FakeBlock(2), 5 * mb);      // 5 in use + 4 cached: over 1x the new peak, under 2x
+    evicted[k] = pool.evicted;
+    EXPECT_LE(pool.in_use + pool.cached, static_cast<size_t>((1 + headroom[k]) * pool.peak_in_use));
+    EXPECT_FALSE(pool.Give(FakeBlock(3), five));  // not one of its blocks
   }
   EXPECT_EQ(evicted[0], 1u);
   EXPECT_EQ(evicted[1], 0u);
 }
 
 // Steps repeat their allocations; the pool keeps the block asked for soonest in the last step.
-TEST_F(CometPayloadTest, HostPoolEvictsTheBlockNeededLast) {
+TEST_F(CometPayloadTest, SizedPoolEvictsTheBlockNeededLast) {
   const size_t mb = 1 << 20;
-  CometHostPoolEnable(true);
-  bool cuda = false;
+  const BlockPool::Key one(0, mb), two(0, 2 * mb), three(0, 3 * mb);
+  BlockPool pool(FakeFree, false);
+  pool.enabled = 1;
   size_t hits_in_step[2] = {0, 0};
+  int next = 1;
   for (int step = 0; step < 2; ++step) {
-    CometPoolsMarkStep();
-    const size_t h0 = CometHostPoolQuery().hits;
-    void *p = NULL, *q = NULL, *r = NULL;
-    CometHostMalloc(&p, 3 * mb, &cuda);  // step 2: a miss that must evict one of {1 MB, 2 MB}
-    CometHostMalloc(&q, 1 * mb, &cuda);  // asked for next: the 1 MB block must have stayed
-    CometHostFree(p, 3 * mb, false);
-    CometHostMalloc(&r, 2 * mb, &cuda);
-    CometHostFree(q, 1 * mb, false);
-    CometHostFree(r, 2 * mb, false);
-    hits_in_step[step] = CometHostPoolQuery().hits - h0;
-    const CometPoolStats st = CometHostPoolQuery();
-    EXPECT_LE(st.in_use + st.cached, st.peak_in_use);
+    pool.MarkStep();
+    const size_t h0 = pool.hits;
+    void* p = pool.Take(three);  // step 2: a miss that must evict one of {1 MB, 2 MB}
+    if (!p) pool.Track(p = FakeBlock(next++), 3 * mb);
+    void* q = pool.Take(one);  // asked for next: the 1 MB block must have stayed
+    if (!q) pool.Track(q = FakeBlock(next++), mb);
+    pool.Give(p, three);
+    void* r = pool.Take(two);
+    if (!r) pool.Track(r = FakeBlock(next++), 2 * mb);
+    pool.Give(q, one);
+    pool.Give(r, two);
+    hits_in_step[step] = pool.hits - h0;
+    EXPECT_LE(pool.in_use + pool.cached, pool.peak_in_use);
   }
   EXPECT_EQ(hits_in_step[0], 0u);
   EXPECT_GE(hits_in_step[1], 1u);  // oldest-first eviction would have dropped the 1 MB block
-  CometHostPoolEnable(false);
 }
 
 // ---------------------------------------------------------------- the store in a training run

@@ -1,0 +1,247 @@
+#ifndef CAFFE_COMET_BLOCK_POOL_HPP_
+#define CAFFE_COMET_BLOCK_POOL_HPP_
+
+// COMET-Caffe: the pool behind CometHostMalloc and CometGpuMalloc (pool.hpp), in a header of its
+// own so that the tests can drive its choices directly. Not an interface: callers use pool.hpp.
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <list>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "boost/thread/mutex.hpp"
+#include "caffe/comet/pool.hpp"
+#include "caffe/common.hpp"
+
+namespace caffe {
+
+// One kernel mapping (a VMA) of host memory: mremap moves only within one.
+struct Piece {
+  char* ptr;
+  size_t len;  // a multiple of the page size
+};
+typedef std::vector<Piece> Pieces;
+
+inline size_t PageSize() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+inline size_t RoundToPages(size_t size) { return (size + PageSize() - 1) / PageSize() * PageSize(); }
+
+// Moves the pages of src (resident, no copy and no page fault) to dst, replacing what was there.
+inline void MovePages(const Piece& src, char* dst) {
+  void* moved = mremap(src.ptr, src.len, src.len, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
+  CHECK(moved == dst) << "COMET: moving " << src.len << " bytes of pooled memory failed";
+}
+
+// An assembled block may gather its pages from this many mappings at most; the rest is new.
+const size_t kMaxPiecesPerBlock = 64;
+
+// Freed blocks kept by (device, size) for the next allocation of that size. The pool tracks the
+// blocks it handed out (allocated with its own alloc/free functions) and only ever caches those;
+// in_use counts them. The cache is trimmed so that in_use + cached never exceeds the largest
+// in_use seen: reuse saves the allocation and its page faults without raising the peak. Training
+// repeats the same allocations every step, so the pool remembers the sizes the last step asked
+// for, in order, and evicts the cached block whose size is asked for again furthest ahead.
+//
+// Host memory is not tied to a size: a request no cached block matches is assembled from the
+// pages of cached blocks (furthest next use first), moved with mremap into one new range, so the
+// pages that a step frees serve whatever it asks for next instead of faulting in afresh (CaffeNet
+// at batch 256 asks for 53 blocks of 13 sizes a step; by exact size only half were reused).
+class BlockPool {
+ public:
+  typedef std::pair<int, size_t> Key;
+  typedef void (*FreeFn)(void* ptr, size_t size);
+  BlockPool(FreeFn free_fn, bool movable_pages)
+      : enabled(0), headroom(0), in_use(0), cached(0), peak_in_use(0), hits(0), misses(0),
+        evicted(0), free_fn_(free_fn), movable_pages_(movable_pages) {}
+
+  // A cached block for key, or NULL (the caller allocates and calls Track).
+  void* Take(const Key& key) {
+    requests_.push_back(key);
+    std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.find(key);
+    if (it == by_key_.end()) {
+      if (movable_pages_ && !lru_.empty()) return Assemble(key);
+      ++misses;
+      return NULL;
+    }
+    Block b = *it->second;
+    lru_.erase(it->second);
+    by_key_.erase(it);
+    cached -= key.second;
+    ++hits;
+    Track(b.ptr, key.second, b.pieces);
+    return b.ptr;
+  }
+  void Track(void* ptr, size_t size, const Pieces& pieces = Pieces()) {
+    Live& l = live_[ptr];
+    l.size = size;
+    l.pieces = pieces;
+    if (movable_pages_ && l.pieces.empty()) {
+      const Piece whole = {static_cast<char*>(ptr), RoundToPages(size)};
+      l.pieces.push_back(whole);
+    }
+    in_use += size;
+    peak_in_use = std::max(peak_in_use, in_use);
+    Trim();
+  }
+  // Takes back a block the pool handed out: cached, or freed when the pool is off. False for
+  // any other block, which the caller frees itself.
+  bool Give(void* ptr, const Key& key) {
+    std::map<void*, Live>::iterator it = live_.find(ptr);
+    if (it == live_.end()) return false;
+    in_use -= it->second.size;
+    Block b = {key, ptr, Pieces()};
+    b.pieces.swap(it->second.pieces);
+    live_.erase(it);
+    if (!enabled) {
+      free_fn_(ptr, key.second);
+      return true;
+    }
+    Cache(b);
+    Trim();
+    return true;
+  }
+  void ReleaseCached() {
+    for (std::list<Block>::iterator it = lru_.begin(); it != lru_.end(); ++it)
+      free_fn_(it->ptr, it->key.second);
+    evicted += lru_.size();
+    lru_.clear();
+    by_key_.clear();
+    cached = 0;
+  }
+  // The last user is gone: the cache goes back, and the next user starts its own peak.
+  void Disable() {
+    headroom = 0;
+    ReleaseCached();
+    peak_in_use = in_use;
+    requests_.clear();
+    last_step_.clear();
+  }
+  // A training step starts: what the last one asked for guides the next evictions.
+  void MarkStep() {
+    last_step_.swap(requests_);
+    requests_.clear();
+  }
+  CometPoolStats Stats() const {
+    CometPoolStats s = {in_use, cached, peak_in_use, hits, misses, evicted};
+    return s;
+  }
+
+  boost::mutex mutex;
+  int enabled;
+  double headroom;  // the cache may reach (1 + headroom) x the peak in use
+  size_t in_use, cached, peak_in_use, hits, misses, evicted;
+
+ private:
+  struct Block {
+    Key key;
+    void* ptr;
+    Pieces pieces;
+  };
+  // Position in the last step's requests at which key is asked for next (the steps repeat, so
+  // a size asked for only earlier comes after all of this step's); never asked: furthest.
+  size_t NextUse(const Key& key) const {
+    const size_t now = requests_.size(), n = last_step_.size();
+    for (size_t i = now; i < n; ++i) if (last_step_[i] == key) return i;
+    for (size_t i = 0; i < std::min(now, n); ++i) if (last_step_[i] == key) return n + i;
+    return 2 * n + 1;
+  }
+  // The cached block to give up first: furthest next use; among equals the oldest (lru_ is
+  // oldest first).
+  std::list<Block>::iterator Victim() {
+    std::list<Block>::iterator victim = lru_.begin();
+    size_t furthest = NextUse(victim->key);
+    for (std::list<Block>::iterator b = lru_.begin(); b != lru_.end(); ++b) {
+      const size_t next = b->key == victim->key ? furthest : NextUse(b->key);
+      if (next > furthest) {
+        victim = b;
+        furthest = next;
+      }
+    }
+    return victim;
+  }
+  void Cache(const Block& b) {
+    by_key_.insert(std::make_pair(b.key, lru_.insert(lru_.end(), b)));
+    cached += b.key.second;
+  }
+  void Uncache(std::list<Block>::iterator block) {
+    std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.find(block->key);
+    while (it->second != block) ++it;
+    by_key_.erase(it);
+    cached -= block->key.second;
+    lru_.erase(block);
+  }
+  void Trim() {
+    const size_t cap = peak_in_use + static_cast<size_t>(headroom * peak_in_use);
+    while (!lru_.empty() && in_use + cached > cap) {
+      std::list<Block>::iterator victim = Victim();
+      free_fn_(victim->ptr, victim->key.second);
+      Uncache(victim);
+      ++evicted;
+    }
+  }
+  // A new range for key filled with cached pages as far as they go (the rest is new memory);
+  // a cached block used in part stays cached as its remainder.
+  void* Assemble(const Key& key) {
+    const size_t len = RoundToPages(key.second);
+    char* const dst = static_cast<char*>(CometHostMap(len));
+    Pieces pieces;
+    size_t filled = 0;
+    while (filled < len && !lru_.empty() && pieces.size() < kMaxPiecesPerBlock) {
+      std::list<Block>::iterator source = Victim();
+      Block rest = {Key(), NULL, Pieces()};
+      for (size_t i = 0; i < source->pieces.size(); ++i) {
+        Piece p = source->pieces[i];
+        if (filled == len || pieces.size() == kMaxPiecesPerBlock) {
+          rest.pieces.push_back(p);
+          continue;
+        }
+        if (p.len > len - filled) {  // split: the tail stays where it is, as the remainder
+          const Piece tail = {p.ptr + (len - filled), p.len - (len - filled)};
+          rest.pieces.push_back(tail);
+          p.len = len - filled;
+        }
+        MovePages(p, dst + filled);
+        const Piece moved = {dst + filled, p.len};
+        pieces.push_back(moved);
+        filled += p.len;
+      }
+      Uncache(source);
+      if (!rest.pieces.empty()) {
+        rest.ptr = rest.pieces[0].ptr;
+        size_t bytes = 0;
+        for (size_t i = 0; i < rest.pieces.size(); ++i) bytes += rest.pieces[i].len;
+        rest.key = Key(key.first, bytes);
+        Cache(rest);
+      }
+    }
+    if (filled < len) {  // the untouched rest of the new mapping
+      const Piece fresh = {dst + filled, len - filled};
+      pieces.push_back(fresh);
+      ++misses;
+    } else {
+      ++hits;
+    }
+    Track(dst, key.second, pieces);
+    return dst;
+  }
+  struct Live {
+    size_t size;
+    Pieces pieces;  // host blocks: the mappings the block is made of, in order
+  };
+  std::list<Block> lru_;  // cached blocks, oldest first
+  std::vector<Key> requests_, last_step_;  // sizes asked for in this step and in the last
+  std::multimap<Key, std::list<Block>::iterator> by_key_;
+  std::map<void*, Live> live_;
+  FreeFn free_fn_;
+  bool movable_pages_;  // host memory: pages may move between blocks (mremap)
+};
+
+}  // namespace caffe
+
+#endif  // CAFFE_COMET_BLOCK_POOL_HPP_
