@@ -69,7 +69,7 @@ class CometBounds {
   // until the next measurement, whose curve can lie higher. Per bound: the last curve (errors
   // relative to the gradient's RMS) and the margin its successors have needed (>= 1).
   struct Drift {
-    Drift() : margin(1) {}
+    Drift() : margin(kCometFirstDriftMargin) {}
     Ladder last;
     double margin;
   };

@@ -95,6 +95,11 @@ double CometErrorAt(const std::vector<double>& bounds, const std::vector<double>
 // moved 11x from one step to the next; with the excess halved each time (m^0.5) instead,
 // inception_4d/5x5 still reached 15% (docs/comet.md#the-weight-rule-measured).
 const double kCometMaxDriftMargin = 16;
+// A layer's margin before any two of its curves have been compared: as if its last measurement had
+// been a 2x surprise (its first pick aims at target / 2^0.75), since how far its curve moves
+// between batches is not known yet. Small batches move it most: GoogLeNet at batch 8, margin
+// starting at 1, 20 of 64 layers above 1.5x the target after two steps.
+const double kCometFirstDriftMargin = 2;
 double CometDriftMargin(double margin, double predicted, double measured);
 
 // Copies `rows` runs of `width` floats from src + offset + r * pitch (host or device memory) into

@@ -1537,6 +1537,25 @@ TEST_F(CometStoreTest, SettingsThatCannotWorkAreRefusedBeforeTraining) {
   EXPECT_EQ(what, "");
 }
 
+// A layer measured once has no second curve to compare with: its margin starts as if its last
+// measurement had been a 2x surprise, so the first pick aims at target / 2^0.75, and every
+// measurement after lets it shrink by a quarter in log where the curves agree.
+TEST_F(CometStoreTest, TheFirstPickOfTheWeightRuleKeepsAMargin) {
+  shared_ptr<Solver<float> > a = MakeSolver("comet { eb_mode: ADAPTIVE update_interval: 100 }");
+  Run(a.get(), 1);
+  a->Snapshot();
+  CometState state;
+  ASSERT_TRUE(ReadProtoFromTextFile(prefix_ + "_iter_1.cometstate", &state));
+  int measured = 0;
+  for (int i = 0; i < state.bound_size(); ++i) {
+    if (!state.bound(i).curve_bound_size()) continue;  // no weight rule (LRN, BatchNorm's own)
+    EXPECT_NEAR(state.bound(i).margin(), std::pow(kCometFirstDriftMargin, 0.75), 1e-6)
+        << state.bound(i).layer();
+    ++measured;
+  }
+  EXPECT_GT(measured, 0);
+}
+
 // A .cometstate that is empty, names layers the net does not store lossy, or belongs to another
 // iteration than the solver state is refused, not half-restored.
 TEST_F(CometStoreTest, AForeignOrEmptyCometStateIsRefused) {
