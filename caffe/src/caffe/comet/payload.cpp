@@ -99,11 +99,38 @@ void TeamExecutor(void*, int n, sz_task task, void* arg) { CometTeam::Get().Run(
 const bool team_installed = (sz_set_executor(&TeamExecutor, NULL), true);
 
 // Scratch for the worst-case stream; payloads keep only the bytes used.
-std::vector<uint8_t>& HostScratch() {
-  static thread_local std::vector<uint8_t> scratch;
+std::atomic<size_t> host_scratch_bytes(0);  // all threads' HostScratch together, as resident
+
+// Each thread's encoder output, sized for the worst case (sz_compress_bound, about 4 bytes a
+// value) but mapped untouched: only the pages an encode writes become resident (a stream and
+// the room of its block descriptors), not all 4 bytes a value of the largest blob stored lossy
+// (a zero-filled vector made 73 MB of CaffeNet's pool1 at batch 256 resident for good).
+struct HostScratch {
+  HostScratch() : data(NULL), capacity(0), resident(0) {}
+  ~HostScratch() { Reset(0); }
+  void Reset(size_t bytes) {
+    if (data) CometHostUnmap(data, capacity);
+    host_scratch_bytes -= resident;
+    data = bytes ? static_cast<uint8_t*>(CometHostMap(bytes)) : NULL;
+    capacity = bytes;
+    resident = 0;
+  }
+  // An encode of `count` values wrote a stream of `used` bytes: the pages it touched are the
+  // stream and the room of the worst-case descriptors (2 bytes a block of 32, flag bits).
+  void Wrote(size_t used, size_t count) {
+    const size_t touched = std::min(capacity, used + count / 16 + count / 256 + 4096);
+    if (touched > resident) {
+      host_scratch_bytes += touched - resident;
+      resident = touched;
+    }
+  }
+  uint8_t* data;
+  size_t capacity, resident;
+};
+HostScratch& ThreadScratch() {
+  static thread_local HostScratch scratch;
   return scratch;
 }
-std::atomic<size_t> host_scratch_bytes(0);  // all threads' HostScratch together
 std::atomic<size_t> transient_peak(0);      // largest device transient since the last take
 
 
@@ -139,20 +166,18 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
   const size_t bound = sz_compress_bound(count);
   int rc;
   if (!on_device) {
-    std::vector<uint8_t>& scratch = HostScratch();
-    if (scratch.size() < bound) {
-      host_scratch_bytes += bound - scratch.size();
-      scratch.resize(bound);
-    }
+    HostScratch& scratch = ThreadScratch();
+    if (scratch.capacity < bound) scratch.Reset(bound);
     sz_params params;
     sz_params_default(&params, eb, SZ_EB_ABS);
     params.lossless = SZ_LOSSLESS_NONE;  // zstd costs time and gains little on quantized codes
     params.nthreads = CodecThreads();
     size_t used = 0;
-    rc = sz_compress_host_ex(data, dims, nd, &params, scratch.data(), bound, &used);
+    rc = sz_compress_host_ex(data, dims, nd, &params, scratch.data, bound, &used);
     if (rc == SZ_OK) {
+      scratch.Wrote(used, count);
       p->Allocate(used);
-      std::copy(scratch.begin(), scratch.begin() + used, static_cast<uint8_t*>(p->data()));
+      std::copy(scratch.data, scratch.data + used, static_cast<uint8_t*>(p->data()));
     }
   } else {
     rc = CometLossyEncodeGpu(data, dims, nd, eb, p.get());
