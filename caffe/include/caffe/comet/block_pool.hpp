@@ -72,10 +72,8 @@ class BlockPool {
       ++misses;
       return NULL;
     }
-    Block b = *it->second;
-    lru_.erase(it->second);
-    by_key_.erase(it);
-    cached -= key.second;
+    const Block b = *it->second;
+    Uncache(it->second);
     ++hits;
     Track(b.ptr, key.second, b.pieces);
     return b.ptr;

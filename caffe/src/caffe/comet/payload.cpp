@@ -98,10 +98,9 @@ void ParallelRanges(size_t n, size_t align, Fn fn) {
 void TeamExecutor(void*, int n, sz_task task, void* arg) { CometTeam::Get().Run(n, task, arg); }
 const bool team_installed = (sz_set_executor(&TeamExecutor, NULL), true);
 
-// Scratch for the worst-case stream; payloads keep only the bytes used.
 std::atomic<size_t> host_scratch_bytes(0);  // all threads' HostScratch together, as resident
 
-// Each thread's encoder output, sized for the worst case (sz_compress_bound, about 4 bytes a
+// Each thread's encoder output (payloads keep only the bytes used), sized for the worst case (sz_compress_bound, about 4 bytes a
 // value) but mapped untouched: only the pages an encode writes become resident (a stream and
 // the room of its block descriptors), not all 4 bytes a value of the largest blob stored lossy
 // (a zero-filled vector made 73 MB of CaffeNet's pool1 at batch 256 resident for good).
