@@ -13,7 +13,11 @@ bound and their Scale's; the table lists those bounds and the weight-gradient er
 with learnable weights (the errors of BatchNorm's input gradients show in the layers below them).
 
     scripts/grad_error [--model caffenet|resnet|googlenet] [--batch 32] [--target 0.05]
-                       [--max-bound 1] [--warmup 2] [--data-gradients]
+                       [--max-bound 1] [--warmup 2] [--data-gradients] [--dense LAYER ...]
+
+--dense keeps what the named layers store lossy dense (`comet_param { compress: false }`: a
+Convolution's input, a BatchNorm's x_norm_), so a layer's own input error can be told apart from
+the errors that reach its output gradient from the layers above.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ def main() -> int:
     ap.add_argument("--data-gradients", action="store_true",
                     help="also the relative error of every blob's gradient (where errors from above "
                          "arrive: BatchNorm's and LRN's input gradients)")
+    ap.add_argument("--dense", nargs="+", default=[], metavar="LAYER",
+                    help="layers whose lossy storage stays dense (comet_param { compress: false })")
     args = ap.parse_args()
 
     os.environ.setdefault("GLOG_minloglevel", "2")  # caffe's INFO lines would bury the table
@@ -72,6 +78,11 @@ def main() -> int:
                 layer.transform_param.mean_file = str(images / "mean.binaryproto")
         if layer.name in classifiers:
             layer.inner_product_param.num_output = 10  # the synthetic set has 10 classes
+        if layer.name in args.dense:
+            layer.comet_param.compress = False
+    unknown = set(args.dense) - {layer.name for layer in net.layer}
+    if unknown:
+        ap.error(f"--dense: no layer {', '.join(sorted(unknown))} in {net_file}")
     caffe.set_mode_cpu()
     with tempfile.TemporaryDirectory(prefix="comet-grad-") as tmp:
         netfile = Path(tmp) / "net.prototxt"

@@ -21,11 +21,11 @@ namespace caffe {
 
 // How a weighted layer pairs input channels with outputs.
 struct CometWeightGeometry {
-  enum Kind { CONVOLUTION, INNER_PRODUCT, SCALE };
+  enum Kind { CONVOLUTION, INNER_PRODUCT };
   CometWeightGeometry()
       : kind(CONVOLUTION), group(1), kernel_h(1), kernel_w(1), stride_h(1), stride_w(1),
         pad_h(0), pad_w(0), dilation_h(1), dilation_w(1) {}
-  Kind kind;     // INNER_PRODUCT: one "channel" per input feature; SCALE: weight c reads channel c
+  Kind kind;     // INNER_PRODUCT: one "channel" per input feature
   int group;     // CONVOLUTION: channels and outputs in groups
   int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
 };
@@ -72,6 +72,13 @@ std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy
                                       const CometWeightGeometry& g,
                                       const std::vector<double>& bounds);
 
+// The RMS weight-gradient error at bound eb were the input's errors independent of the output
+// gradient and uniform in [-eb, eb]: weight w reading output o errs with variance
+// eb^2 / 3 * ||dy_o||^2 (over the values it pairs with), so eb sqrt(||dy||^2 / (3 O)) over the
+// weights of a layer with O outputs (dy_sumsq: ||dy||^2 over all of them). Right for an input
+// whose values are spread smoothly over many steps of 2 eb (a Scale's x_norm_); the sampled
+// measurement above is for inputs with zeros and repeated values, whose errors add coherently.
+double CometIndependentWeightError(double dy_sumsq, int outputs, double eb);
 // The bound at which the error reaches `target`, from errors measured at ascending bounds: where
 // the curve's running maximum crosses it (a dip, where the errors of clustered values happen to
 // cancel, is not counted on: it moves with the values), by log-log interpolation; beyond the measured bounds

@@ -76,11 +76,10 @@ bool WeightGeometry(const LayerParameter& lp, const std::vector<int>& in_shape,
     g->kind = CometWeightGeometry::INNER_PRODUCT;
     return true;
   }
-  if (lp.type() == "Scale") {
-    g->kind = CometWeightGeometry::SCALE;
-    return in_shape.size() >= 2 && lp.scale_param().axis() == 1 &&
-           lp.scale_param().num_axes() == 1;
-  }
+  // Not Scale: its input is BatchNorm's x_norm_ (smooth, zero mean and unit variance per
+  // channel), whose errors are a sawtooth of the value, uncorrelated with dy, so the independent
+  // estimate holds (CometIndependentWeightError), while a sample of it would hold one channel of
+  // a 56x56 map at batch 8 and more: ResNet-18's Scales ended 5x above their target with it.
   if (lp.type() != "Convolution" || in_shape.size() != 4) return false;
   const ConvolutionParameter& cp = lp.convolution_param();
   g->kind = CometWeightGeometry::CONVOLUTION;
@@ -149,9 +148,9 @@ void CometBounds<Dtype>::BeforeBackward(int layer) {
 // The weight rule, before the backward (an in-place layer overwrites the output gradient it
 // reads): the RMS error of a sample of the weights at a ladder of bounds around the current one
 // (error_model.hpp). Where the input was not sampled this iteration (a layer kind the sample does
-// not cover, an input kept dense this step), the errors are taken as independent and uniform in
-// [-eb, eb]: each weight's error has variance eb^2 / 3 * ||dy_o||^2, ||dy||^2 / (3 O) over the
-// weights, in measured_.
+// not cover, a Scale's x_norm_, an input kept dense this step), the errors are taken as
+// independent and uniform in [-eb, eb] (CometIndependentWeightError per unit of bound, in
+// measured_).
 template <typename Dtype>
 void CometBounds<Dtype>::MeasureWeightErrors(int layer) {
   const std::vector<Blob<Dtype>*>& tops = net_->top_vecs()[layer];
@@ -174,7 +173,7 @@ void CometBounds<Dtype>::MeasureWeightErrors(int layer) {
   } else {
     double s = 0;
     for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
-    measured_[layer] = s / (3. * l->blobs()[0]->shape(0));
+    measured_[layer] = CometIndependentWeightError(s, l->blobs()[0]->shape(0), 1.);
   }
   sample = CometErrorSample();  // used once: the next measuring iteration samples again
 }
@@ -224,7 +223,7 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
     const double grad_rms = std::sqrt(static_cast<double>(w->sumsq_diff()) / w->count());
     Ladder& ladder = ladder_[layer];
     if (ladder.bounds.empty()) {
-      SetFrom(&bd, std::sqrt(measured_[layer]), grad_rms);
+      SetFrom(&bd, measured_[layer], grad_rms);  // the error per unit of bound
     } else if (grad_rms > 0 && std::isfinite(grad_rms)) {
       // Where the curve is steeper than quadratic (the bound nears the activations' size and
       // most of them round to 0), a small change of the activations moves the error a lot: the

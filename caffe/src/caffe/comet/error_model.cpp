@@ -122,59 +122,41 @@ std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy
     }
     weights += 1;
   };
-  if (g.kind == CometWeightGeometry::SCALE) {
-    // Weight c reads channel c only: the sample's channels, of input and output alike.
-    const std::vector<float> d = GatherChannels(dy, on_device, images, out_channels, plane,
-                                                s.channels);
+  // Convolution; InnerProduct as a 1x1 convolution of 1x1 maps. Outputs in the group of the
+  // sampled channels; the work, outputs x channels x kernel x images x plane x bounds
+  // products, at most about 2^25.
+  const bool conv = g.kind == CometWeightGeometry::CONVOLUTION;
+  const int kh_n = conv ? g.kernel_h : 1, kw_n = conv ? g.kernel_w : 1;
+  const double per_output = static_cast<double>(in_count) * kh_n * kw_n * images * plane * nb;
+  const size_t cap = std::min<double>(kCometGradientSample,
+                                      33554432. / per_output * images * plane);
+  const std::vector<int> outputs = Spread(out_channels, conv ? g.group : 1, images * plane, cap);
+  const int count = outputs.size();
+  const std::vector<float> d = GatherChannels(dy, on_device, images, out_channels, plane,
+                                              outputs);
+  for (int o = 0; o < count; ++o) {
     for (int c = 0; c < in_count; ++c) {
-      begin_weight();
-      for (int n = 0; n < images; ++n) {
-        std::fill(part.begin(), part.end(), 0.);
-        const size_t off = (static_cast<size_t>(n) * in_count + c) * plane;
-        for (size_t i = 0; i < plane; ++i)
-          for (int b = 0; b < nb; ++b)
-            part[b] += static_cast<double>(d[off + i]) * e[b * values + off + i];
-        end_image();
-      }
-      end_weight();
-    }
-  } else {
-    // Convolution; InnerProduct as a 1x1 convolution of 1x1 maps. Outputs in the group of the
-    // sampled channels; the work, outputs x channels x kernel x images x plane x bounds
-    // products, at most about 2^25.
-    const bool conv = g.kind == CometWeightGeometry::CONVOLUTION;
-    const int kh_n = conv ? g.kernel_h : 1, kw_n = conv ? g.kernel_w : 1;
-    const double per_output = static_cast<double>(in_count) * kh_n * kw_n * images * plane * nb;
-    const size_t cap = std::min<double>(kCometGradientSample,
-                                        33554432. / per_output * images * plane);
-    const std::vector<int> outputs = Spread(out_channels, conv ? g.group : 1, images * plane, cap);
-    const int count = outputs.size();
-    const std::vector<float> d = GatherChannels(dy, on_device, images, out_channels, plane,
-                                                outputs);
-    for (int o = 0; o < count; ++o) {
-      for (int c = 0; c < in_count; ++c) {
-        for (int kh = 0; kh < kh_n; ++kh) {
-          for (int kw = 0; kw < kw_n; ++kw) {
-            begin_weight();
-            for (int n = 0; n < images; ++n) {
-              std::fill(part.begin(), part.end(), 0.);
-              const float* dp = &d[(static_cast<size_t>(n) * count + o) * plane];
-              const size_t ep = (static_cast<size_t>(n) * in_count + c) * in_plane;
-              for (int ph = 0; ph < height; ++ph) {
-                const int ih = conv ? ph * g.stride_h - g.pad_h + kh * g.dilation_h : 0;
-                if (ih < 0 || ih >= s.height) continue;
-                for (int pw = 0; pw < width; ++pw) {
-                  const int iw = conv ? pw * g.stride_w - g.pad_w + kw * g.dilation_w : 0;
-                  if (iw < 0 || iw >= s.width) continue;
-                  const double v = dp[ph * width + pw];
-                  const size_t i = ep + ih * s.width + iw;
-                  for (int b = 0; b < nb; ++b) part[b] += v * e[b * values + i];
-                }
+      for (int kh = 0; kh < kh_n; ++kh) {
+        for (int kw = 0; kw < kw_n; ++kw) {
+          begin_weight();
+          for (int n = 0; n < images; ++n) {
+            std::fill(part.begin(), part.end(), 0.);
+            const float* dp = &d[(static_cast<size_t>(n) * count + o) * plane];
+            const size_t ep = (static_cast<size_t>(n) * in_count + c) * in_plane;
+            for (int ph = 0; ph < height; ++ph) {
+              const int ih = conv ? ph * g.stride_h - g.pad_h + kh * g.dilation_h : 0;
+              if (ih < 0 || ih >= s.height) continue;
+              for (int pw = 0; pw < width; ++pw) {
+                const int iw = conv ? pw * g.stride_w - g.pad_w + kw * g.dilation_w : 0;
+                if (iw < 0 || iw >= s.width) continue;
+                const double v = dp[ph * width + pw];
+                const size_t i = ep + ih * s.width + iw;
+                for (int b = 0; b < nb; ++b) part[b] += v * e[b * values + i];
               }
-              end_image();
             }
-            end_weight();
+            end_image();
           }
+          end_weight();
         }
       }
     }
@@ -237,6 +219,10 @@ bool SegmentAt(const std::vector<double>& bounds, const std::vector<double>& err
   return true;
 }
 }  // namespace
+
+double CometIndependentWeightError(double dy_sumsq, int outputs, double eb) {
+  return eb * std::sqrt(dy_sumsq / (3. * std::max(outputs, 1)));
+}
 
 double CometBoundForError(const std::vector<double>& bounds, const std::vector<double>& errors,
                           double target) {

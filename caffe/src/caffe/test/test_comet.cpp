@@ -38,6 +38,7 @@
 #include "caffe/layers/lrn_layer.hpp"
 #include "caffe/layers/pooling_layer.hpp"
 #include "caffe/layers/relu_layer.hpp"
+#include "caffe/layers/scale_layer.hpp"
 #include "caffe/sgd_solvers.hpp"
 #include "caffe/solver.hpp"
 #include "caffe/syncedmem.hpp"
@@ -590,6 +591,68 @@ TEST_F(CometPayloadTest, DriftMarginFollowsTheSurprisesItMeasured) {
   EXPECT_EQ(CometDriftMargin(1, 0.01, 100), kCometMaxDriftMargin);
   EXPECT_NEAR(CometDriftMargin(4, -1, 0.2), std::pow(4., 0.75), 1e-12);   // no last curve
   EXPECT_NEAR(CometDriftMargin(4, 0.05, NAN), std::pow(4., 0.75), 1e-12);
+}
+
+// A Scale's weight gradient with its input, BatchNorm's x_norm_, stored at eb: the errors are a
+// sawtooth of smoothly spread values, so they add as independent ones (the weight rule's model
+// for Scale, CometIndependentWeightError), also when the output gradient's size differs by 100x
+// from channel to channel and follows the input in part. ResNet-18's Scales, measured with the
+// sampled rule before (whose sample held one channel of a 56x56 map), ended 5x above target.
+TEST_F(CometPayloadTest, ScaleWeightGradientErrorIsTheIndependentOne) {
+  const int N = 8, C = 48, H = 20, W = 20;
+  Blob<float> x(N, C, H, W), y;
+  std::vector<Blob<float>*> bottom(1, &x), top(1, &y);
+  FillerParameter fp;
+  fp.set_std(3);
+  GaussianFiller<float>(fp).Fill(&x);
+  LayerParameter bp;
+  bp.set_phase(TRAIN);
+  BatchNormLayer<float> bn(bp);
+  bn.SetUp(bottom, top);
+  bn.Forward(bottom, top);  // y: x normalised per channel
+  Blob<float> xn(y.shape());
+  xn.CopyFrom(y);
+  std::vector<Blob<float>*> sb(1, &xn), st(1, &y);
+  LayerParameter sp;
+  sp.mutable_scale_param()->mutable_filler()->set_value(1.5f);
+  ScaleLayer<float> scale(sp);
+  scale.SetUp(sb, st);
+  uint32_t state = 11;
+  const auto uniform = [&state]() {
+    state = state * 1664525u + 1013904223u;
+    return (state >> 8) / 16777216.f;
+  };
+  std::vector<float> size(C);
+  for (int c = 0; c < C; ++c) size[c] = std::pow(10.f, 2.f * uniform());
+  float* dy = y.mutable_cpu_diff();
+  for (int i = 0; i < y.count(); ++i)
+    dy[i] = size[(i / (H * W)) % C] * (0.3f * xn.cpu_data()[i] + (uniform() - 0.5f));
+  const std::vector<float> exact_x(xn.cpu_data(), xn.cpu_data() + xn.count());
+  const auto gradient = [&]() {
+    caffe_set(scale.blobs()[0]->count(), 0.f, scale.blobs()[0]->mutable_cpu_diff());
+    scale.Backward(st, std::vector<bool>(1, false), sb);
+    return std::vector<float>(scale.blobs()[0]->cpu_diff(), scale.blobs()[0]->cpu_diff() + C);
+  };
+  const std::vector<float> g0 = gradient();
+  const double bounds[] = {0.01, 0.05, 0.2};
+  for (int k = 0; k < 3; ++k) {
+    shared_ptr<CometPayload> p =
+        CometEncodeLossy(exact_x.data(), xn.shape(), false, bounds[k], "x_norm");
+    std::string error;
+    ASSERT_TRUE(CometDecode(*p, xn.mutable_cpu_data(), &error)) << error;
+    const std::vector<float> g = gradient();
+    double sq = 0, g_sq = 0;
+    for (int c = 0; c < C; ++c) {
+      sq += (g[c] - g0[c]) * (g[c] - g0[c]);
+      g_sq += g0[c] * g0[c];
+    }
+    const double rms = std::sqrt(sq / C);
+    const double model = CometIndependentWeightError(y.sumsq_diff(), C, bounds[k]);
+    EXPECT_GT(rms, 0.7 * model) << "eb " << bounds[k];
+    EXPECT_LT(rms, 1.3 * model) << "eb " << bounds[k];
+    EXPECT_LT(rms, 0.2 * std::sqrt(g_sq / C)) << "test data: the error should be the smaller part";
+    std::copy(exact_x.begin(), exact_x.end(), xn.mutable_cpu_data());
+  }
 }
 
 // ReLU's backward only asks whether its input was positive: restored from a mask, its gradient
