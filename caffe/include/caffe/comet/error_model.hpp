@@ -79,6 +79,7 @@ std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy
 // whose values are spread smoothly over many steps of 2 eb (a Scale's x_norm_); the sampled
 // measurement above is for inputs with zeros and repeated values, whose errors add coherently.
 double CometIndependentWeightError(double dy_sumsq, int outputs, double eb);
+
 // The bound at which the error reaches `target`, from errors measured at ascending bounds: where
 // the curve's running maximum crosses it (a dip, where the errors of clustered values happen to
 // cancel, is not counted on: it moves with the values), by log-log interpolation; beyond the measured bounds

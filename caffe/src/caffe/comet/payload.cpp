@@ -100,10 +100,11 @@ const bool team_installed = (sz_set_executor(&TeamExecutor, NULL), true);
 
 std::atomic<size_t> host_scratch_bytes(0);  // all threads' HostScratch together, as resident
 
-// Each thread's encoder output (payloads keep only the bytes used), sized for the worst case (sz_compress_bound, about 4 bytes a
-// value) but mapped untouched: only the pages an encode writes become resident (a stream and
-// the room of its block descriptors), not all 4 bytes a value of the largest blob stored lossy
-// (a zero-filled vector made 73 MB of CaffeNet's pool1 at batch 256 resident for good).
+// Each thread's encoder output (payloads keep only the bytes used), sized for the worst case
+// (sz_compress_bound, about 4 bytes a value) but mapped untouched: only the pages an encode
+// writes become resident (a stream and the room of its block descriptors), not all 4 bytes a
+// value of the largest blob stored lossy (a zero-filled vector made 73 MB of CaffeNet's pool1 at
+// batch 256 resident for good).
 struct HostScratch {
   HostScratch() : data(NULL), capacity(0), resident(0) {}
   ~HostScratch() { Reset(0); }

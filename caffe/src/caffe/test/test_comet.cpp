@@ -593,23 +593,39 @@ TEST_F(CometPayloadTest, DriftMarginFollowsTheSurprisesItMeasured) {
   EXPECT_NEAR(CometDriftMargin(4, 0.05, NAN), std::pow(4., 0.75), 1e-12);
 }
 
+// Uniform in [0, 1) from a 32-bit linear congruential state (reproducible across platforms).
+float NextUniform(uint32_t* state) {
+  *state = *state * 1664525u + 1013904223u;
+  return (*state >> 8) / 16777216.f;
+}
+
+// x filled with a Gaussian of std 3, then run through a BatchNorm in TRAIN: y is x normalised
+// per channel (the layer keeps its x_norm_ and std for a Backward).
+shared_ptr<BatchNormLayer<float> > NormaliseByBatchNorm(Blob<float>* x, Blob<float>* y) {
+  FillerParameter fp;
+  fp.set_std(3);
+  GaussianFiller<float>(fp).Fill(x);
+  LayerParameter lp;
+  lp.set_phase(TRAIN);
+  shared_ptr<BatchNormLayer<float> > bn(new BatchNormLayer<float>(lp));
+  const std::vector<Blob<float>*> bottom(1, x), top(1, y);
+  bn->SetUp(bottom, top);
+  bn->Forward(bottom, top);
+  return bn;
+}
+
 // A Scale's weight gradient with its input, BatchNorm's x_norm_, stored at eb: the errors are a
 // sawtooth of smoothly spread values, so they add as independent ones (the weight rule's model
 // for Scale, CometIndependentWeightError), also when the output gradient's size differs by 100x
 // from channel to channel and follows the input in part. ResNet-18's Scales, measured with the
 // sampled rule before (whose sample held one channel of a 56x56 map), ended 5x above target.
+// Each weight's error is checked against the model for its own channel: the layer's RMS is
+// dominated by its few largest channels, and so varies by +-40% from one random input to the next.
 TEST_F(CometPayloadTest, ScaleWeightGradientErrorIsTheIndependentOne) {
-  const int N = 8, C = 48, H = 20, W = 20;
+  Caffe::set_random_seed(1701);  // 25 unseeded runs gave 0.82-1.19
+  const int N = 8, C = 96, H = 20, W = 20;
   Blob<float> x(N, C, H, W), y;
-  std::vector<Blob<float>*> bottom(1, &x), top(1, &y);
-  FillerParameter fp;
-  fp.set_std(3);
-  GaussianFiller<float>(fp).Fill(&x);
-  LayerParameter bp;
-  bp.set_phase(TRAIN);
-  BatchNormLayer<float> bn(bp);
-  bn.SetUp(bottom, top);
-  bn.Forward(bottom, top);  // y: x normalised per channel
+  NormaliseByBatchNorm(&x, &y);
   Blob<float> xn(y.shape());
   xn.CopyFrom(y);
   std::vector<Blob<float>*> sb(1, &xn), st(1, &y);
@@ -618,15 +634,11 @@ TEST_F(CometPayloadTest, ScaleWeightGradientErrorIsTheIndependentOne) {
   ScaleLayer<float> scale(sp);
   scale.SetUp(sb, st);
   uint32_t state = 11;
-  const auto uniform = [&state]() {
-    state = state * 1664525u + 1013904223u;
-    return (state >> 8) / 16777216.f;
-  };
   std::vector<float> size(C);
-  for (int c = 0; c < C; ++c) size[c] = std::pow(10.f, 2.f * uniform());
+  for (int c = 0; c < C; ++c) size[c] = std::pow(10.f, 2.f * NextUniform(&state));
   float* dy = y.mutable_cpu_diff();
   for (int i = 0; i < y.count(); ++i)
-    dy[i] = size[(i / (H * W)) % C] * (0.3f * xn.cpu_data()[i] + (uniform() - 0.5f));
+    dy[i] = size[(i / (H * W)) % C] * (0.3f * xn.cpu_data()[i] + (NextUniform(&state) - 0.5f));
   const std::vector<float> exact_x(xn.cpu_data(), xn.cpu_data() + xn.count());
   const auto gradient = [&]() {
     caffe_set(scale.blobs()[0]->count(), 0.f, scale.blobs()[0]->mutable_cpu_diff());
@@ -641,22 +653,25 @@ TEST_F(CometPayloadTest, ScaleWeightGradientErrorIsTheIndependentOne) {
     std::string error;
     ASSERT_TRUE(CometDecode(*p, xn.mutable_cpu_data(), &error)) << error;
     const std::vector<float> g = gradient();
-    double sq = 0, g_sq = 0;
+    double sq = 0, g_sq = 0, per_model = 0;  // per_model: sum of (error / its model)^2
     for (int c = 0; c < C; ++c) {
-      sq += (g[c] - g0[c]) * (g[c] - g0[c]);
+      double dy_c = 0;
+      for (int n = 0; n < N; ++n)
+        for (int i = 0; i < H * W; ++i) dy_c += std::pow(dy[(n * C + c) * H * W + i], 2);
+      const double e = g[c] - g0[c];
+      per_model += std::pow(e / CometIndependentWeightError(dy_c, 1, bounds[k]), 2);
+      sq += e * e;
       g_sq += g0[c] * g0[c];
     }
-    const double rms = std::sqrt(sq / C);
-    const double model = CometIndependentWeightError(y.sumsq_diff(), C, bounds[k]);
-    EXPECT_GT(rms, 0.7 * model) << "eb " << bounds[k];
-    EXPECT_LT(rms, 1.3 * model) << "eb " << bounds[k];
-    EXPECT_LT(rms, 0.2 * std::sqrt(g_sq / C)) << "test data: the error should be the smaller part";
+    const double ratio = std::sqrt(per_model / C);  // 1 where every weight errs as modelled
+    EXPECT_GT(ratio, 0.7) << "eb " << bounds[k];
+    EXPECT_LT(ratio, 1.3) << "eb " << bounds[k];
+    EXPECT_LT(std::sqrt(sq / C), 0.2 * std::sqrt(g_sq / C))
+        << "test data: the error should be the smaller part";
     std::copy(exact_x.begin(), exact_x.end(), xn.mutable_cpu_data());
   }
 }
 
-// ReLU's backward only asks whether its input was positive: restored from a mask, its gradient
-// is exactly the one from the dense input.
 // BatchNorm's input gradient with its normalised output y off by uniform errors in [-eb, eb]:
 // the RMS error of dx is eb * sqrt(S / (3 C)), S = sum_c (mean_c(dy y) / std_c)^2 (the rule the
 // store's adaptive bound for x_norm_ uses).
@@ -664,25 +679,16 @@ TEST_F(CometPayloadTest, BatchNormInputGradientErrorMatchesTheDerivation) {
   const int N = 16, C = 8, H = 6, W = 6;
   Blob<float> x(N, C, H, W), y;
   std::vector<Blob<float>*> bottom(1, &x), top(1, &y);
-  FillerParameter fp;
-  fp.set_std(3);
-  GaussianFiller<float>(fp).Fill(&x);
-  LayerParameter lp;
-  lp.set_phase(TRAIN);
-  BatchNormLayer<float> bn(lp);
-  bn.SetUp(bottom, top);
-  bn.Forward(bottom, top);
+  shared_ptr<BatchNormLayer<float> > bn = NormaliseByBatchNorm(&x, &y);
   // a top gradient correlated with y, so that mean(dy y) is not zero
   uint32_t state = 7;
-  for (int i = 0; i < y.count(); ++i) {
-    state = state * 1664525u + 1013904223u;
-    y.mutable_cpu_diff()[i] = 0.5f * y.cpu_data()[i] + ((state >> 8) / 16777216.f - 0.5f);
-  }
+  for (int i = 0; i < y.count(); ++i)
+    y.mutable_cpu_diff()[i] = 0.5f * y.cpu_data()[i] + (NextUniform(&state) - 0.5f);
   const std::vector<bool> down(1, true);
-  bn.Backward(top, down, bottom);
+  bn->Backward(top, down, bottom);
   const std::vector<float> dx0(x.cpu_diff(), x.cpu_diff() + x.count());
-  Blob<float>* xn = CometLayerAccess<float>::bn_x_norm(&bn);
-  const float* sd = CometLayerAccess<float>::bn_std(&bn)->cpu_data();
+  Blob<float>* xn = CometLayerAccess<float>::bn_x_norm(bn.get());
+  const float* sd = CometLayerAccess<float>::bn_std(bn.get())->cpu_data();
   const int M = N * H * W;
   double S = 0;
   for (int c = 0; c < C; ++c) {
@@ -695,11 +701,9 @@ TEST_F(CometPayloadTest, BatchNormInputGradientErrorMatchesTheDerivation) {
     S += (m1 / M / sd[c]) * (m1 / M / sd[c]);
   }
   const float eb = 0.05f;
-  for (int i = 0; i < xn->count(); ++i) {
-    state = state * 1664525u + 1013904223u;
-    xn->mutable_cpu_data()[i] += eb * (2.f * ((state >> 8) / 16777216.f) - 1.f);
-  }
-  bn.Backward(top, down, bottom);
+  for (int i = 0; i < xn->count(); ++i)
+    xn->mutable_cpu_data()[i] += eb * (2.f * NextUniform(&state) - 1.f);
+  bn->Backward(top, down, bottom);
   double err = 0;
   for (int i = 0; i < x.count(); ++i) err += (x.cpu_diff()[i] - dx0[i]) * (x.cpu_diff()[i] - dx0[i]);
   const double rms = std::sqrt(err / x.count());
@@ -708,6 +712,8 @@ TEST_F(CometPayloadTest, BatchNormInputGradientErrorMatchesTheDerivation) {
   EXPECT_LT(rms, 1.2 * predicted);
 }
 
+// ReLU's backward only asks whether its input was positive: restored from a mask, its gradient
+// is exactly the one from the dense input.
 TEST_F(CometPayloadTest, ReluGradientFromTheMaskIsExact) {
   Blob<float> bottom(2, 6, 9, 9), top;
   std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
