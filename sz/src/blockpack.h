@@ -94,6 +94,69 @@ struct FieldWriter {
   SZ_HD void flush() { for (; nb > 0; nb -= 8) { *o++ = (uint8_t)acc; acc >>= 8; } }
 };
 
+// Host fast path for the k-bit fields (kCompact): a block's fields, at most 32 x 31 bits = 124
+// bytes, are packed into and unpacked from a zero-padded 128-byte copy with the width k as a
+// compile-time constant, so each field is one 8-byte load or two shifts and no loop carries a
+// bit position. Same bytes as FieldWriter/FieldReader (bit t*k, LSB first); test_stages checks
+// every width and count against them.
+constexpr int kFieldBuf = 128;
+
+SZ_HD uint64_t load_u64_host(const uint8_t* p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+#else
+  return load_u64le(p);
+#endif
+}
+
+SZ_HD void store_u64_host(uint8_t* p, uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  memcpy(p, &v, 8);
+#else
+  store_u64le(p, v);
+#endif
+}
+
+// m[0..32) -> buf[0..kFieldBuf): field t at bit t*K. Fields past the block's count must be 0.
+template <int K>
+SZ_HD void pack_fields_k(const uint32_t* m, uint8_t* buf) {
+  uint64_t w[kFieldBuf / 8] = {};
+SZ_HOST_UNROLL32
+  for (int t = 0; t < kBlock; ++t) {
+    const int bit = t * K, word = bit >> 6, off = bit & 63;
+    w[word] |= (uint64_t)m[t] << off;
+    if (off + K > 64) w[word + 1] |= (uint64_t)m[t] >> (64 - off);
+  }
+  for (int i = 0; i < kFieldBuf / 8; ++i) store_u64_host(buf + 8 * i, w[i]);
+}
+
+// buf[0..kFieldBuf) -> m[0..32); fields past the block's count come out as whatever buf holds.
+template <int K>
+SZ_HD void unpack_fields_k(const uint8_t* buf, uint32_t* m) {
+  constexpr uint32_t mask = (1u << K) - 1u;
+SZ_HOST_UNROLL32
+  for (int t = 0; t < kBlock; ++t) {
+    const int bit = t * K;
+    m[t] = (uint32_t)(load_u64_host(buf + (bit >> 3)) >> (bit & 7)) & mask;
+  }
+}
+
+// Runtime k in 1..31 to the compile-time width (k changes little from block to block, so the
+// comparisons predict well).
+template <int K = 1>
+SZ_HD void pack_fields(int k, const uint32_t* m, uint8_t* buf) {
+  if (k == K) pack_fields_k<K>(m, buf);
+  else if constexpr (K < 31) pack_fields<K + 1>(k, m, buf);
+}
+
+template <int K = 1>
+SZ_HD void unpack_fields(int k, const uint8_t* buf, uint32_t* m) {
+  if (k == K) unpack_fields_k<K>(buf, m);
+  else if constexpr (K < 31) unpack_fields<K + 1>(k, buf, m);
+}
+
 // Writes the data bytes of a coded block (descriptor neither zero nor raw) from its codes and
 // their nonzero mask: [bitmap][signs][fields].
 template <bool kCompact = kCompactDefault>
@@ -103,23 +166,23 @@ SZ_HD void pack_codes(const int32_t* code, int L, uint16_t desc, uint32_t bitmap
   uint8_t* o = out;
   if (nnz < L) { store_u32le(o, bitmap); o += 4; }
   uint32_t sign = 0;
-  if (kCompact) {
-    // gather the nonzero codes (branch-free), then pack fixed-width fields
-    // slot of element i = number of nonzeros before it: no loop-carried dependency; a zero
-    // writes a slot that the next nonzero (or the spare last slot) overwrites
-    uint32_t mags[kBlock + 1];
-    for (int i = 0; i < L; ++i) {
-      int32_t v = code[i];
-      int j = popc32(bitmap & ((2u << i) - 1u)) - (int)(v != 0);
+  if constexpr (kCompact) {
+    // gather the nonzero codes: one step per set bit of the bitmap, then zeros to the end
+    uint32_t mags[kBlock];
+    int j = 0;
+    for (uint32_t rest = bitmap; rest != 0; rest &= rest - 1u, ++j) {
+      const int32_t v = code[ctz32(rest)];
       mags[j] = magnitude(v) - 1u;
       sign |= (uint32_t)(v < 0) << j;
     }
+    for (; j < kBlock; ++j) mags[j] = 0;
     if (neg)
       for (int b = 0; b < (nnz + 7) / 8; ++b) *o++ = (uint8_t)(sign >> (8 * b));
-    FieldWriter fw{o};
-    if (k)
-      for (int t = 0; t < nnz; ++t) fw.put(mags[t], k);
-    fw.flush();
+    if (k) {
+      uint8_t buf[kFieldBuf];
+      pack_fields(k, mags, buf);
+      memcpy(o, buf, (size_t)(nnz * k + 7) / 8);
+    }
   } else {
     int j = 0;
     for (int i = 0; i < L; ++i) {
@@ -161,9 +224,7 @@ SZ_HD uint32_t encode_block(const float* x, int L, uint64_t row_pos, uint64_t W,
   *desc = use1 ? d1 : d0;
   uint32_t size = use1 ? z1 : z0;
   if (!out) return size;
-  int32_t code[kBlock];
-  for (int i = 0; i < L; ++i) code[i] = use1 ? c[i] : q[i];
-  pack_codes<kCompact>(code, L, *desc, use1 ? s1.bitmap : s0.bitmap, out);
+  pack_codes<kCompact>(use1 ? c : q, L, *desc, use1 ? s1.bitmap : s0.bitmap, out);
   return size;
 }
 
@@ -232,12 +293,22 @@ SZ_HD bool decode_block(const uint8_t* d, uint16_t desc, int L, uint64_t row_pos
     d += (nnz + 7) / 8;
   }
   if ((bitmap & ~full) != 0 || popc32(bitmap) != nnz) return false;
-  FieldReader fr{d, end, k};
   int32_t c[kBlock];
-  if (kCompact) {
-    // read the signed values into a dense array, then scatter (branch-free)
+  if constexpr (kCompact) {
+    // unpack the fields, sign them into a dense array, then scatter (branch-free)
+    uint32_t mags[kBlock];
+    if (k) {
+      uint8_t buf[kFieldBuf] = {};
+      memcpy(buf, d, (size_t)(end - d));  // (nnz * k + 7) / 8 <= 124 bytes
+      unpack_fields(k, buf, mags);
+    } else {
+      for (int t = 0; t < kBlock; ++t) mags[t] = 0;
+    }
     int32_t vals[kBlock + 1];
-    for (int t = 0; t < nnz; ++t) vals[t] = fr.signed_code(sign, t);
+    for (int t = 0; t < kBlock; ++t) {
+      const uint32_t neg_t = (sign >> t) & 1u, mag = mags[t] + 1u;
+      vals[t] = (int32_t)((mag ^ ((uint32_t)0 - neg_t)) + neg_t);
+    }
     vals[nnz] = 0;
     int t = 0;
     for (int i = 0; i < L; ++i) {
@@ -246,6 +317,7 @@ SZ_HD bool decode_block(const uint8_t* d, uint16_t desc, int L, uint64_t row_pos
       t += (int)bit;
     }
   } else {
+    FieldReader fr{d, end, k};
     int t = 0;
     SZ_UNROLL
     for (int i = 0; i < L; ++i) {

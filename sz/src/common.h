@@ -22,6 +22,13 @@
 #define SZ_UNROLL
 #endif
 
+// Full unrolling of a host loop with a compile-time count (GCC; nvcc's front end rejects it).
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define SZ_HOST_UNROLL32 _Pragma("GCC unroll 32")
+#else
+#define SZ_HOST_UNROLL32
+#endif
+
 namespace szi {
 
 constexpr int kBlock = 32;           // elements per block (one bitmap word)
@@ -35,6 +42,15 @@ SZ_HD int popc32(uint32_t v) {
   return __popc(v);
 #else
   return __builtin_popcount(v);
+#endif
+}
+
+// index of the lowest set bit (v != 0)
+SZ_HD int ctz32(uint32_t v) {
+#ifdef __CUDA_ARCH__
+  return __ffs(v) - 1;
+#else
+  return __builtin_ctz(v);
 #endif
 }
 

@@ -1,5 +1,8 @@
 // test_stages.cpp - unit tests of the shared per-element / per-block stages (the same
 // functions the CUDA kernels call), and of the decoder against re-checksummed lies.
+#include <algorithm>
+#include <vector>
+
 #include "test_util.h"
 #include "blockpack.h"
 #include "format.h"
@@ -116,6 +119,52 @@ TEST(BlockPack, RandomBlocksRoundTripAndSizeMatchesDescriptor) {
     else kinds[2 + ((d2 >> 5) & 1)]++;
   }
   for (int k = 0; k < 4; ++k) EXPECT_GT(kinds[k], 0) << "block kind " << k << " never produced";
+}
+
+// The host packs and unpacks fields at compile-time widths (pack_fields/unpack_fields); the
+// device keeps FieldWriter/FieldReader. Every width 1..31 and every count of nonzeros, with and
+// without signs, must give the same bytes and the same codes both ways.
+TEST(BlockPack, EveryFieldWidthAndCountMatchesTheGenericLoops) {
+  std::mt19937 g(11);
+  for (int k = 1; k <= 31; ++k) {
+    for (int nnz = 1; nnz <= 32; ++nnz) {
+      for (int trial = 0; trial < 4; ++trial) {
+        const int L = trial == 3 ? nnz : 32;  // a short last block too
+        // nnz nonzero codes of magnitude in [1, 2^k], the widest one reaching 2^k
+        int32_t code[32] = {};
+        std::vector<int> pos(L);
+        for (int i = 0; i < L; ++i) pos[i] = i;
+        std::shuffle(pos.begin(), pos.end(), g);
+        // (width 31 only in forged streams: the quantizer's deltas stay below 2^30)
+        const uint32_t top = k == 31 ? 0x7FFFFFFEu : (1u << k) - 1u;
+        for (int t = 0; t < nnz; ++t) {
+          const uint32_t m = t == 0 ? top : (uint32_t)(g() & top);
+          const int32_t v = (int32_t)(m + 1u);
+          code[pos[t]] = (trial & 1) && (g() & 1) ? -v : v;
+        }
+        CodeStats st = code_stats(code, L);
+        const uint16_t desc = make_desc(st, kPredNone);
+        const int kk = desc & 31;
+        ASSERT_EQ(kk, k);
+        uint8_t a[4 * 32 + 8], b[4 * 32 + 8];
+        std::memset(a, 0xA5, sizeof(a));
+        std::memset(b, 0x5A, sizeof(b));
+        pack_codes<true>(code, L, desc, st.bitmap, a);
+        pack_codes<false>(code, L, desc, st.bitmap, b);
+        const uint32_t size = block_data_size(desc, L);
+        ASSERT_NE(size, kBadSize);
+        ASSERT_EQ(0, std::memcmp(a, b, size)) << "k " << kk << " nnz " << nnz;
+        ASSERT_EQ(a[size], 0xA5) << "wrote past the block's " << size << " bytes";
+        float y1[32], y2[32];
+        ASSERT_TRUE(decode_block<true>(a, desc, L, 0, 1u << 20, 1.0f, y1));
+        ASSERT_TRUE(decode_block<false>(a, desc, L, 0, 1u << 20, 1.0f, y2));
+        for (int i = 0; i < L; ++i) {
+          ASSERT_EQ(f2u(y1[i]), f2u(y2[i])) << "k " << kk << " nnz " << nnz << " i " << i;
+          ASSERT_EQ(y1[i], (float)code[i]) << "k " << kk << " nnz " << nnz << " i " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(BlockPack, InvalidDescriptorsRejected) {
