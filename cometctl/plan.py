@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import cometstats
+from .childenv import caffe_env
 from .errors import CometError
 from .paths import REPO_ROOT, from_root
 
@@ -508,7 +509,7 @@ def run_caffe(caffe: Path, solver: Path, log: Path, gpu: int | None = None, cwd:
     cmd = [str(caffe), "train", "-solver", str(solver)]
     if gpu is not None:
         cmd += ["-gpu", str(gpu)]
-    env = dict(os.environ, GLOG_logtostderr="1", GLOG_minloglevel="0")
+    env = caffe_env(GLOG_logtostderr="1", GLOG_minloglevel="0")
     figures = Path(str(log) + ".rusage.json")
     figures.unlink(missing_ok=True)
     t0 = time.monotonic()

@@ -36,6 +36,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from .caffelog import GLOG, LogParser, resume_marker
+from .childenv import caffe_env
 from .errors import CometError
 from .paths import REPO_ROOT, from_root, user_file
 from .ui import console, counting_progress
@@ -280,7 +281,7 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
     from .caffeproto import caffe_pb2, read_text_proto
 
     max_iter = read_text_proto(solver_copy, caffe_pb2().SolverParameter()).max_iter
-    env = dict(os.environ, GLOG_logtostderr="1", GLOG_minloglevel="0")  # the view and report need INFO lines
+    env = caffe_env(GLOG_logtostderr="1", GLOG_minloglevel="0")  # the view and report need INFO lines
     earlier = []
     if continuing:
         try:

@@ -309,3 +309,20 @@ def test_the_gpu_path_fits_the_stores_device_bytes_and_says_unmeasured(tmp_path,
     assert plan["budget"]["largest_batch_on"] == (1024 - 30) // 3
     text = "\n".join(P.render(plan))
     assert "GPU 0" in text and "unmeasured" in text and "runtime and untracked" not in text
+
+
+def test_caffe_children_get_openblas_thread_timeout_unless_the_user_set_one(tmp_path, monkeypatch):
+    """Every caffe process cometctl starts (plan, train, the benchmarks: plan.run_caffe and train's
+    own Popen use childenv.caffe_env) has OpenBLAS's idle threads sleep at once; a value in the
+    user's environment wins."""
+    fake = tmp_path / "caffe"
+    fake.write_text(f"#!{sys.executable}\nimport os\nprint('timeout=' + os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset'))\n")
+    fake.chmod(0o755)
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text('net: "x"\n')
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    P.run_caffe(fake, solver, tmp_path / "a.log")
+    assert "timeout=4" in (tmp_path / "a.log").read_text()
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "12")
+    P.run_caffe(fake, solver, tmp_path / "b.log")
+    assert "timeout=12" in (tmp_path / "b.log").read_text()

@@ -88,7 +88,8 @@ def _no_driver():
 
 
 FAKE_CAFFE = textwrap.dedent("""\
-    import sys, time
+    import os, sys, time
+    print("env OPENBLAS_THREAD_TIMEOUT=" + os.environ.get("OPENBLAS_THREAD_TIMEOUT", "unset"), flush=True)
     print("I1130 10:00:00.000000 1 solver.cpp:218] Iteration 0 (0 iter/s), loss = 2.3", flush=True)
     print("I1130 10:00:00.000000 1 solver.cpp:237]     Train net output #0: loss = 2.3", flush=True)
     print("I1130 10:00:00.000000 1 sgd_solver.cpp:105] Iteration 0, lr = 0.01", flush=True)
@@ -98,7 +99,8 @@ FAKE_CAFFE = textwrap.dedent("""\
 """)
 
 
-def test_caffe_status_and_log_are_kept(tmp_path, wf_pb2, wf_synthetic, capsys):
+def test_caffe_status_and_log_are_kept(tmp_path, wf_pb2, wf_synthetic, capsys, monkeypatch):
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
     fake = tmp_path / "fake_caffe"
     fake.write_text(f"#!{sys.executable}\n" + FAKE_CAFFE)
     fake.chmod(0o755)
@@ -111,6 +113,7 @@ def test_caffe_status_and_log_are_kept(tmp_path, wf_pb2, wf_synthetic, capsys):
     assert "exited with status 3" in shown
     log = (tmp_path / "run" / "caffe.log").read_text()
     assert "COMET total: ratio 9.5x" in log and "Check failed" in log
+    assert "env OPENBLAS_THREAD_TIMEOUT=4" in log  # OpenBLAS's idle threads sleep at once (childenv)
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["exit_status"] == 3 and info["command"][0] == str(fake) and "-sigint_effect" in info["command"]
     assert info["cwd"] == str(REPO)

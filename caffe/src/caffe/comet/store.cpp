@@ -3,6 +3,7 @@
 #include <chrono>  // NOLINT(build/c++11)
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <sstream>
@@ -139,6 +140,11 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
       max_in_flight_(0) {
   CheckSettings(param_, *net_);
   if (param_.async()) worker_.reset(new CometWorker());
+  if (param_.async() && Caffe::mode() == Caffe::CPU && !getenv("OPENBLAS_THREAD_TIMEOUT"))
+    LOG(INFO) << "COMET: OPENBLAS_THREAD_TIMEOUT is not set. With OpenBLAS its idle threads spin "
+                 "for about 0.1 s after each call, on the cores this store's worker and Caffe's "
+                 "one-thread layers need; OPENBLAS_THREAD_TIMEOUT=4 lets them sleep at once "
+                 "(cometctl sets it; docs/comet.md)";
   relu_skipped_.assign(net_->layers().size(), false);
   MakePlan();
   reader_.reset(new Reader(this));
