@@ -160,6 +160,8 @@ def main() -> int:
                     help="comet.memory_pool_headroom for the COMET runs (default: the solver default, 0)")
     ap.add_argument("--sync", action="store_true",
                     help="also run COMET with async: false (encodes and decodes in the step)")
+    ap.add_argument("--set", dest="settings", action="append", default=[], metavar='"FIELD: VALUE"',
+                    help='an extra comet { } setting for the COMET runs, e.g. --set "decode_ahead: 3" (repeatable)')
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     ap.add_argument("--keep", type=Path, default=None, help="keep prototxts and logs in this folder")
     args = ap.parse_args()
@@ -191,6 +193,7 @@ def main() -> int:
                         extra = ""
                         if args.pool_headroom is not None:
                             extra += f"  memory_pool_headroom: {args.pool_headroom}\n"
+                        extra += "".join(f"  {setting}\n" for setting in args.settings)
                         if comet == "sync":
                             extra += "  async: false\n"
                         block = COMET_BLOCK.replace("}", extra + "}")
@@ -232,6 +235,7 @@ def main() -> int:
            + (f" --repeat {args.repeat}" if args.repeat > 1 else "")
            + (" --sync" if args.sync else "")
            + (f" --pool-headroom {args.pool_headroom}" if args.pool_headroom is not None else "")
+           + "".join(f' --set "{setting}"' for setting in args.settings)
            + (f" --gpu {args.gpu}" if args.gpu is not None else "") + "`",
            "",
            "| batch | COMET | peak RSS (MB) | RSS off/on | stored activations (MB): dense -> compressed | "

@@ -315,19 +315,29 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
   if (!p.on_device()) {
     const uint32_t* words = static_cast<const uint32_t*>(p.data());
     const comet_codes::PoolGeometry& g = p.pool;
+    // A window's codes as offsets from its corner, (code / kernel_w) * width + code % kernel_w:
+    // the index is corner + offset, no division per element. Codes past the table (a corrupt
+    // payload; the popcount check below refuses it) take the shared formula.
+    std::vector<int> offset(argmax ? g.kernel_h * g.kernel_w : 0);
+    for (size_t c = 0; c < offset.size(); ++c)
+      offset[c] = static_cast<int>(c) / g.kernel_w * g.width + static_cast<int>(c) % g.kernel_w;
     ParallelRanges(p.count(), 1, [&](size_t i0, size_t i1) {
       int ph = static_cast<int>((i0 / g.pooled_width) % g.pooled_height);
       int pw = static_cast<int>(i0 % g.pooled_width);
+      int corner = (ph * g.stride_h - g.pad_h) * g.width + pw * g.stride_w - g.pad_w;
       for (size_t i = i0; i < i1; ++i) {
         const uint32_t code = comet_codes::code_at(words, i, p.code_bits);
         if (!argmax) {
           out[i] = static_cast<int32_t>(code ? p.binary.one : 0u);
           continue;
         }
-        out[i] = comet_codes::argmax_index_at(code, ph, pw, g);
+        out[i] = code < offset.size() ? corner + offset[code]
+                                      : comet_codes::argmax_index_at(code, ph, pw, g);
+        corner += g.stride_w;
         if (++pw == g.pooled_width) {
           pw = 0;
           if (++ph == g.pooled_height) ph = 0;
+          corner = (ph * g.stride_h - g.pad_h) * g.width - g.pad_w;
         }
       }
     });

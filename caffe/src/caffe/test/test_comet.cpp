@@ -86,7 +86,8 @@ float MaxAbsDiff(const float* a, const float* b, int n) {
 // A 3x3 stride-2 max pooling (pad 1: windows cut by the border, and overlapping ones) run forward
 // once on ReLU-like data, so that its argmax holds real indices.
 struct MaxPoolingRun {
-  explicit MaxPoolingRun(const LayerParameter& lp) : layer(lp), bottom(2, 3, 11, 13) {
+  explicit MaxPoolingRun(const LayerParameter& lp, int n = 2, int c = 3, int h = 11, int w = 13)
+      : layer(lp), bottom(n, c, h, w) {
     FillActivations(&bottom, 0.2f, 1.f, 3);
     std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
     layer.SetUp(bv, tv);
@@ -881,6 +882,22 @@ TEST_F(CometPayloadTest, ArgmaxCodesRoundTripAndRefuseWhatTheyCannotHold) {
   EXPECT_TRUE(CometEncodeArgmax(bad.data(), bad.size(), g, false, "a").get() == NULL);
   static_cast<uint32_t*>(p->data())[1] ^= 0x100u;
   EXPECT_FALSE(CometDecode(*p, out.data(), &error));
+}
+
+// The host decoder adds a table offset to each window's corner; on a map large enough to be
+// split over the cores (the split falls inside a plane and inside a row) every index is exact.
+TEST_F(CometPayloadTest, ArgmaxDecodeIsExactWhenSplitInsideARow) {
+  MaxPoolingRun run(MaxPoolingRun::Param(), 3, 17, 64, 80);
+  Blob<int>* idx = CometLayerAccess<float>::argmax(&run.layer);
+  ASSERT_TRUE(idx != NULL);
+  ASSERT_GE(idx->count(), 1 << 16);  // ParallelRanges splits from 2^16 elements
+  const comet_codes::PoolGeometry g = CometLayerAccess<float>::geometry(&run.layer);
+  shared_ptr<CometPayload> p = CometEncodeArgmax(idx->cpu_data(), idx->count(), g, false, "a");
+  ASSERT_TRUE(p.get() != NULL);
+  std::vector<int> out(idx->count(), -7);
+  std::string error;
+  ASSERT_TRUE(CometDecode(*p, out.data(), &error)) << error;
+  for (int i = 0; i < idx->count(); ++i) ASSERT_EQ(out[i], idx->cpu_data()[i]) << i;
 }
 
 TEST_F(CometPayloadTest, DropoutMaskIsOneBitPerValue) {
