@@ -94,7 +94,8 @@ def main():
     ap.add_argument("--sparsity", default="0.5,0.8,0.95", help="zero fractions to generate")
     ap.add_argument("--smooth", type=int, default=3, help="box-filter width of the generated fields")
     ap.add_argument("--bounds", default="1e-1,1e-2,1e-3,1e-4", help="eb as fractions of the value range")
-    ap.add_argument("--dump", action="append", default=[], help="real activation dump (.npy or raw .f32)")
+    ap.add_argument("--dump", action="extend", nargs="+", default=[],
+                    help="real activation dumps (.npy or raw .f32), one or more per --dump")
     ap.add_argument("--dump-shape", default=None, help="N,C,H,W of raw .f32 dumps")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="threads for 'ours (all cores)'; 0 = all")
