@@ -315,16 +315,18 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
   if (!p.on_device()) {
     const uint32_t* words = static_cast<const uint32_t*>(p.data());
     const comet_codes::PoolGeometry& g = p.pool;
-    // A window's codes as offsets from its corner, (code / kernel_w) * width + code % kernel_w:
-    // the index is corner + offset, no division per element. Codes past the table (a corrupt
-    // payload; the popcount check below refuses it) take the shared formula.
+    // argmax_index_at is linear in the window's corner: the index is the corner (code 0) plus
+    // an offset that depends on the code alone, so a table of offsets replaces its division per
+    // element. Codes past the table (a corrupt payload; the popcount check below refuses it)
+    // take the shared function itself.
     std::vector<int> offset(argmax ? g.kernel_h * g.kernel_w : 0);
     for (size_t c = 0; c < offset.size(); ++c)
-      offset[c] = static_cast<int>(c) / g.kernel_w * g.width + static_cast<int>(c) % g.kernel_w;
+      offset[c] = comet_codes::argmax_index_at(static_cast<uint32_t>(c), 0, 0, g) -
+                  comet_codes::argmax_index_at(0, 0, 0, g);
     ParallelRanges(p.count(), 1, [&](size_t i0, size_t i1) {
       int ph = static_cast<int>((i0 / g.pooled_width) % g.pooled_height);
       int pw = static_cast<int>(i0 % g.pooled_width);
-      int corner = (ph * g.stride_h - g.pad_h) * g.width + pw * g.stride_w - g.pad_w;
+      int corner = comet_codes::argmax_index_at(0, ph, pw, g);
       for (size_t i = i0; i < i1; ++i) {
         const uint32_t code = comet_codes::code_at(words, i, p.code_bits);
         if (!argmax) {
@@ -337,7 +339,7 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
         if (++pw == g.pooled_width) {
           pw = 0;
           if (++ph == g.pooled_height) ph = 0;
-          corner = (ph * g.stride_h - g.pad_h) * g.width - g.pad_w;
+          corner = comet_codes::argmax_index_at(0, ph, 0, g);
         }
       }
     });
