@@ -101,24 +101,6 @@ struct FieldWriter {
 // every width and count against them.
 constexpr int kFieldBuf = 128;
 
-SZ_HD uint64_t load_u64_host(const uint8_t* p) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-#else
-  return load_u64le(p);
-#endif
-}
-
-SZ_HD void store_u64_host(uint8_t* p, uint64_t v) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  memcpy(p, &v, 8);
-#else
-  store_u64le(p, v);
-#endif
-}
-
 // m[0..32) -> buf[0..kFieldBuf): field t at bit t*K. Fields past the block's count must be 0.
 template <int K>
 SZ_HD void pack_fields_k(const uint32_t* m, uint8_t* buf) {
@@ -129,7 +111,7 @@ SZ_HOST_UNROLL32
     w[word] |= (uint64_t)m[t] << off;
     if (off + K > 64) w[word + 1] |= (uint64_t)m[t] >> (64 - off);
   }
-  for (int i = 0; i < kFieldBuf / 8; ++i) store_u64_host(buf + 8 * i, w[i]);
+  for (int i = 0; i < kFieldBuf / 8; ++i) store_u64le(buf + 8 * i, w[i]);
 }
 
 // buf[0..kFieldBuf) -> m[0..32); fields past the block's count come out as whatever buf holds.
@@ -139,7 +121,7 @@ SZ_HD void unpack_fields_k(const uint8_t* buf, uint32_t* m) {
 SZ_HOST_UNROLL32
   for (int t = 0; t < kBlock; ++t) {
     const int bit = t * K;
-    m[t] = (uint32_t)(load_u64_host(buf + (bit >> 3)) >> (bit & 7)) & mask;
+    m[t] = (uint32_t)(load_u64le(buf + (bit >> 3)) >> (bit & 7)) & mask;
   }
 }
 

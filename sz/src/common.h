@@ -69,11 +69,23 @@ SZ_HD uint32_t load_u32le(const uint8_t* p) {
 SZ_HD void store_u32le(uint8_t* p, uint32_t v) {
   p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
 }
+// On a little-endian machine the 8 bytes are the value as stored: one unaligned load or store
+// (the byte-wise form is not merged by GCC and cost the host decoder 8%).
 SZ_HD uint64_t load_u64le(const uint8_t* p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+#else
   return (uint64_t)load_u32le(p) | ((uint64_t)load_u32le(p + 4) << 32);
+#endif
 }
 SZ_HD void store_u64le(uint8_t* p, uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  memcpy(p, &v, 8);
+#else
   store_u32le(p, (uint32_t)v); store_u32le(p + 4, (uint32_t)(v >> 32));
+#endif
 }
 SZ_HD uint16_t load_u16le(const uint8_t* p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 SZ_HD void store_u16le(uint8_t* p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
