@@ -19,12 +19,15 @@ storage (COMET runs), seconds per iteration after warm-up (wall clock, median), 
 
     scripts/bench_memory [--model caffenet|resnet|googlenet] [--batches 64 256] [--iters 3]
                          [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
-                         [--sync] [--gpu 0] [--markdown out.md]
+                         [--sync] [--also "FIELD: VALUE"] [--set "FIELD: VALUE"] [--gpu 0]
+                         [--markdown out.md]
 
 --sync adds a third run per repetition, COMET with `async: false` (every encode and decode inside
 the step), so the table shows what taking COMET's work off the critical path gains. COMET runs
 report their codec time per iteration (encode + decode, wherever it ran) and the part of it the
-step waited for (the store's CSV: encode_ms, decode_ms, wait_ms).
+step waited for (the store's CSV: encode_ms, decode_ms, wait_ms). --also "FIELD: VALUE" adds one
+more COMET run per repetition with that comet { } setting on top, in a row of its own (repeatable);
+--set changes every COMET run.
 """
 
 from __future__ import annotations
@@ -162,6 +165,9 @@ def main() -> int:
                     help="also run COMET with async: false (encodes and decodes in the step)")
     ap.add_argument("--set", dest="settings", action="append", default=[], metavar='"FIELD: VALUE"',
                     help='an extra comet { } setting for the COMET runs, e.g. --set "decode_ahead: 3" (repeatable)')
+    ap.add_argument("--also", dest="variants", action="append", default=[], metavar='"FIELD: VALUE"',
+                    help='one more COMET run per repetition with this setting on top, in its own row, '
+                         'e.g. --also "blas_yields_core: false" (repeatable; --sync is --also "async: false")')
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     ap.add_argument("--keep", type=Path, default=None, help="keep prototxts and logs in this folder")
     args = ap.parse_args()
@@ -181,11 +187,16 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         for batch in args.batches:
             net = make_net(pb2, text_format, batch, images, model_path)
-            modes = ["off", "on"] + (["sync"] if args.sync else [])
+            # mode -> the comet setting it adds to the COMET runs' own (None: COMET off)
+            extras = {"off": None, "on": ""}
+            for setting in (["async: false"] if args.sync else []) + args.variants:
+                extras["on, " + setting] = f"  {setting}\n"
+            modes = list(extras)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike
                 for comet in modes:
-                    name = f"{args.model}_b{batch}_{comet}"
+                    tag = {"off": "off", "on": "on"}.get(comet) or f"v{modes.index(comet) - 1}"
+                    name = f"{args.model}_b{batch}_{tag}"
                     name += f"_{rep + 1}" if args.repeat > 1 else ""
                     t0 = time.time()
                     block = None
@@ -194,8 +205,7 @@ def main() -> int:
                         if args.pool_headroom is not None:
                             extra += f"  memory_pool_headroom: {args.pool_headroom}\n"
                         extra += "".join(f"  {setting}\n" for setting in args.settings)
-                        if comet == "sync":
-                            extra += "  async: false\n"
+                        extra += extras[comet]
                         block = COMET_BLOCK.replace("}", extra + "}")
                     text, rss, cpu = run(caffe, work, name, net, block, args.warmup + args.iters, args.gpu)
                     times = iteration_times(text)[args.warmup - 1 if args.warmup else 0:]
@@ -216,7 +226,7 @@ def main() -> int:
             for comet in modes:
                 r = runs[comet]
                 per_iter = statistics.median(r["times"]) if r["times"] else float("nan")
-                row = {"batch": batch, "comet": {"sync": "on, async: false"}.get(comet, comet), "rss": r["rss"],
+                row = {"batch": batch, "comet": comet, "rss": r["rss"],
                        "s_per_iter": per_iter, "cpu": statistics.median(r["cpu"]), **r["fig"]}
                 if base:
                     row["rss_x"] = base["rss"] / r["rss"]
@@ -236,6 +246,7 @@ def main() -> int:
            + (" --sync" if args.sync else "")
            + (f" --pool-headroom {args.pool_headroom}" if args.pool_headroom is not None else "")
            + "".join(f' --set "{setting}"' for setting in args.settings)
+           + "".join(f' --also "{setting}"' for setting in args.variants)
            + (f" --gpu {args.gpu}" if args.gpu is not None else "") + "`",
            "",
            "| batch | COMET | peak RSS (MB) | RSS off/on | stored activations (MB): dense -> compressed | "

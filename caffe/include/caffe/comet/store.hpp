@@ -107,6 +107,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   shared_ptr<CometWorker> worker_;        // NULL without comet { async }
   std::list<shared_ptr<Job> > jobs_;      // queued on the worker, not finished yet
   size_t in_flight_, max_in_flight_;      // dense bytes the jobs hold, and the cap
+  bool tiled_gemm_;                       // CometGemm::Use'd while this store lives
 };
 
 }  // namespace caffe

@@ -22,7 +22,11 @@ class CometTeam {
  public:
   static CometTeam& Get();
   // Runs task(arg, t) for t in [0, n), task 0 on the calling thread, and returns when all ran.
-  void Run(int n, void (*task)(void*, int), void* arg);
+  // The team's threads claim tasks as they come, except on the cores that busy workers keep
+  // (CometWorker::AnyBusy): on 2 cores the caller then runs every task itself. A call that
+  // finds the team busy gets threads of its own, or with fork_when_busy false runs every task
+  // on the caller.
+  void Run(int n, void (*task)(void*, int), void* arg, bool fork_when_busy = true);
   size_t size() const { return threads_.size() + 1; }  // the caller included
   // Calls that found the team busy and made threads of their own, since the start.
   static uint64_t forked_calls();
@@ -37,6 +41,7 @@ class CometTeam {
   std::condition_variable go_, done_;
   uint64_t generation_;
   int n_, next_, left_;
+  int helpers_;  // team threads that may still join this call
   void (*task_)(void*, int);
   void* arg_;
   std::vector<std::thread> threads_;
@@ -59,6 +64,9 @@ class CometWorker {
   // True on a worker's thread: the codecs run single-threaded there, on the core the step
   // leaves free, instead of splitting each call over every core.
   static bool OnWorker();
+  // True while any worker in the process has work queued or running: the step then leaves it
+  // a core (CometGemm runs its tiles on the step's thread alone).
+  static bool AnyBusy();
 
  private:
   void Run();

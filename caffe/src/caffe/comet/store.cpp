@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "caffe/comet/gemm.hpp"
 #include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/store.hpp"
 #include "caffe/layer_factory.hpp"
@@ -137,10 +138,15 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
     : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
       stats_(net_, param_), context_layer_(-1), context_iter_(-1),
       context_pass_("before the first training step"), measuring_(false), in_flight_(0),
-      max_in_flight_(0) {
+      max_in_flight_(0), tiled_gemm_(false) {
   CheckSettings(param_, *net_);
   if (param_.async()) worker_.reset(new CometWorker());
-  if (param_.async() && Caffe::mode() == Caffe::CPU && !getenv("OPENBLAS_THREAD_TIMEOUT"))
+  const bool cpu_async = param_.async() && Caffe::mode() == Caffe::CPU;
+  std::string why;
+  tiled_gemm_ = Caffe::mode() == Caffe::CPU && param_.tiled_gemm() && CometGemm::Available(&why);
+  if (!tiled_gemm_ && Caffe::mode() == Caffe::CPU && param_.tiled_gemm())
+    LOG(INFO) << "COMET: tiled_gemm does nothing here: " << why;
+  if (cpu_async && !getenv("OPENBLAS_THREAD_TIMEOUT"))
     LOG(INFO) << "COMET: OPENBLAS_THREAD_TIMEOUT is not set. With OpenBLAS its idle threads spin "
                  "for about 0.1 s after each call, on the cores this store's worker and Caffe's "
                  "one-thread layers need; OPENBLAS_THREAD_TIMEOUT=4 lets them sleep at once "
@@ -177,6 +183,7 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
     std::istringstream plan(Plan());
     for (std::string line; std::getline(plan, line);) LOG(INFO) << line;
   }
+  if (tiled_gemm_) CometGemm::Use(true);  // last: a constructor that fails leaves it as it was
 }
 
 template <typename Dtype>
@@ -184,6 +191,7 @@ CometStore<Dtype>::~CometStore() {
   // Whatever is queued runs to its end (the worker's destructor), and decoded memory keeps its
   // data; nothing is reported from a destructor.
   worker_.reset();
+  if (tiled_gemm_) CometGemm::Use(false);
   for (typename std::list<shared_ptr<Job> >::iterator j = jobs_.begin(); j != jobs_.end(); ++j) {
     Job& job = **j;
     if (job.what != Job::DECODE) continue;

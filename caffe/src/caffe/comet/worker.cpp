@@ -10,6 +10,7 @@ namespace caffe {
 namespace {
 thread_local bool on_worker = false;
 std::atomic<uint64_t> forked(0);
+std::atomic<int> busy_workers(0);
 }  // namespace
 
 CometTeam& CometTeam::Get() {
@@ -19,7 +20,8 @@ CometTeam& CometTeam::Get() {
 
 uint64_t CometTeam::forked_calls() { return forked.load(); }
 
-CometTeam::CometTeam() : generation_(0), n_(0), next_(0), left_(0), task_(NULL), arg_(NULL) {
+CometTeam::CometTeam()
+    : generation_(0), n_(0), next_(0), left_(0), helpers_(0), task_(NULL), arg_(NULL) {
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   for (unsigned i = 1; i < hw; ++i) threads_.push_back(std::thread(&CometTeam::Serve, this));
   for (size_t i = 0; i < threads_.size(); ++i) threads_[i].detach();
@@ -43,17 +45,26 @@ void CometTeam::Serve() {
   for (;;) {
     go_.wait(lock, [this, seen] { return generation_ != seen; });
     seen = generation_;
+    if (helpers_ == 0) continue;  // this call leaves the core to a worker
+    --helpers_;
     Work(&lock);
   }
 }
 
-void CometTeam::Run(int n, void (*task)(void*, int), void* arg) {
-  if (n <= 1) {
-    if (n == 1) task(arg, 0);
+void CometTeam::Run(int n, void (*task)(void*, int), void* arg, bool fork_when_busy) {
+  // A busy worker keeps a core of its own: the team's threads on the others (none on 2 cores).
+  const int helpers = std::min(static_cast<int>(threads_.size()),
+                               static_cast<int>(size()) - 1 - busy_workers.load());
+  if (n <= 1 || helpers <= 0) {
+    for (int t = 0; t < n; ++t) task(arg, t);
     return;
   }
   std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-  if (!busy.owns_lock() || threads_.empty()) {
+  if (!busy.owns_lock() && !fork_when_busy) {
+    for (int t = 0; t < n; ++t) task(arg, t);
+    return;
+  }
+  if (!busy.owns_lock()) {
     ++forked;
     std::vector<std::thread> own;
     for (int t = 1; t < n; ++t) own.push_back(std::thread(task, arg, t));
@@ -67,6 +78,7 @@ void CometTeam::Run(int n, void (*task)(void*, int), void* arg) {
   n_ = n;
   next_ = 1;  // task 0 is the caller's
   left_ = n;
+  helpers_ = helpers;
   ++generation_;
   go_.notify_all();
   lock.unlock();
@@ -91,6 +103,8 @@ CometWorker::~CometWorker() {
 }
 
 bool CometWorker::OnWorker() { return on_worker; }
+
+bool CometWorker::AnyBusy() { return busy_workers.load(std::memory_order_relaxed) > 0; }
 
 uint64_t CometWorker::Submit(const Job& job) {
   uint64_t ticket;
@@ -120,14 +134,23 @@ double CometWorker::Wait(uint64_t ticket) {
 void CometWorker::Run() {
   on_worker = true;
   std::unique_lock<std::mutex> lock(mutex_);
+  bool busy = false;
   for (;;) {
     wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stop_, and nothing left to run
     std::pair<uint64_t, Job> next = queue_.front();
     queue_.pop_front();
     lock.unlock();
+    if (!busy) {
+      busy = true;
+      ++busy_workers;
+    }
     next.second();  // jobs report their own failures in their results; they do not throw
     lock.lock();
+    if (queue_.empty()) {
+      busy = false;
+      --busy_workers;
+    }
     finished_ = next.first;
     done_.notify_all();
   }

@@ -6,9 +6,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <limits>
 #include <map>
+#include <mutex>  // NOLINT(build/c++11)
+#include <random>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -16,6 +19,7 @@
 #include <vector>
 #include <thread>  // NOLINT(build/c++11)
 
+#include <dlfcn.h>
 #include <sys/resource.h>
 
 #include "google/protobuf/text_format.h"
@@ -25,6 +29,7 @@
 #include "caffe/comet/block_pool.hpp"
 #include "caffe/comet/codes.hpp"
 #include "caffe/comet/error_model.hpp"
+#include "caffe/comet/gemm.hpp"
 #include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/store.hpp"
@@ -141,6 +146,81 @@ TEST(CometTeamTest, RunsEveryTaskOnceAlsoWhenTwoThreadsCallAtOnce) {
   other.join();
   EXPECT_EQ(a.hits, std::vector<int>(5, 300));
   EXPECT_EQ(b.hits, std::vector<int>(5, 300));
+}
+
+// Tiled products: every transpose, beta 0 and not, tiles along rows and along columns. The team's
+// result equals the tiles run one after the other on one thread bit for bit (who runs a tile
+// changes nothing), also while a worker is busy (the step then runs every tile itself on 2
+// cores), and stays within float rounding of the product in double.
+TEST(CometGemmTest, TilesGiveTheProductWhoeverRunsThem) {
+  std::string why;
+  if (!CometGemm::Available(&why)) {
+    std::cout << "CometGemm not available here (" << why << "): nothing to check" << std::endl;
+    return;
+  }
+  typedef int (*GetThreads)();
+  GetThreads threads = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  ASSERT_TRUE(threads != NULL);
+  const int full = threads();
+  bool rows;
+  EXPECT_EQ(CometGemm::Tiles(16, 16, 16, &rows), 0);  // small: BLAS as upstream
+  float tiny = 0;
+  EXPECT_FALSE(CometGemm::Run(false, false, 1, 1, 1, 1.f, &tiny, &tiny, 0.f, &tiny));
+  CometGemm::Use(true);
+  EXPECT_EQ(threads(), 1);  // OpenBLAS's own split is off while tiles are used
+  const int shapes[][3] = {{64, 3136, 576}, {1000, 37, 409}, {33, 999, 700}};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (int s = 0; s < 3; ++s) {
+    const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+    EXPECT_GE(CometGemm::Tiles(M, N, K, &rows), 2) << M << "x" << N << "x" << K;
+    EXPECT_EQ(rows, M >= N);
+    std::vector<float> A(static_cast<size_t>(M) * K), B(static_cast<size_t>(K) * N), C0(M * N);
+    for (size_t i = 0; i < A.size(); ++i) A[i] = normal(rng);
+    for (size_t i = 0; i < B.size(); ++i) B[i] = normal(rng);
+    for (size_t i = 0; i < C0.size(); ++i) C0[i] = normal(rng);
+    for (int mode = 0; mode < 8; ++mode) {
+      const bool ta = mode & 1, tb = mode & 2;
+      const float beta = mode & 4 ? 0.5f : 0.f;
+      std::vector<float> team(C0), alone(C0), busy(C0);
+      ASSERT_TRUE(CometGemm::Run(ta, tb, M, N, K, 1.5f, A.data(), B.data(), beta, team.data()));
+      ASSERT_TRUE(CometGemm::RunTilesInOrder(ta, tb, M, N, K, 1.5f, A.data(), B.data(), beta,
+                                             alone.data()));
+      {
+        CometWorker worker;
+        std::mutex gate;
+        gate.lock();
+        const uint64_t job = worker.Submit([&gate] { std::lock_guard<std::mutex> hold(gate); });
+        while (!CometWorker::AnyBusy()) std::this_thread::yield();
+        ASSERT_TRUE(CometGemm::Run(ta, tb, M, N, K, 1.5f, A.data(), B.data(), beta, busy.data()));
+        gate.unlock();
+        worker.Wait(job);
+      }
+      // op(A) is M x K: A[i][k] or, transposed, A stored K x M; op(B) likewise K x N.
+      double worst = 0;
+      for (int i = 0; i < M; i += 7) {
+        for (int j = 0; j < N; j += 5) {
+          double sum = 0, mag = 0;
+          for (int k = 0; k < K; ++k) {
+            const double a = ta ? A[static_cast<size_t>(k) * M + i] : A[static_cast<size_t>(i) * K + k];
+            const double b = tb ? B[static_cast<size_t>(j) * K + k] : B[static_cast<size_t>(k) * N + j];
+            sum += a * b;
+            mag += std::fabs(a * b);
+          }
+          const double want = 1.5 * sum + beta * C0[i * N + j];
+          const double tol = 1.5 * mag * K * 1.2e-7 + 1.2e-7 * std::fabs(want) + 1e-6;
+          worst = std::max(worst, std::fabs(team[i * N + j] - want) / tol);
+        }
+      }
+      EXPECT_LE(worst, 1.0) << M << "x" << N << "x" << K << " mode " << mode;
+      for (int i = 0; i < M * N; ++i) {
+        ASSERT_EQ(team[i], alone[i]) << "team against in order, element " << i << " mode " << mode;
+        ASSERT_EQ(busy[i], alone[i]) << "worker busy against in order, element " << i;
+      }
+    }
+  }
+  CometGemm::Use(false);
+  EXPECT_EQ(threads(), full);
 }
 
 // The encoder's output buffer is sized for the worst case (about 4 bytes a value) but only the
@@ -1394,6 +1474,53 @@ TEST_F(CometStoreTest, AsyncWorkTrainsBitIdenticallyToWorkInTheStep) {
   EXPECT_TRUE(CometLayerAccess<float>::bn_x_norm(n->layer_by_name("bn2").get())->data()
                   ->comet_payload().get() != NULL);
   n->Backward();
+}
+
+// A net whose convolutions and inner product are tiled: while the store lives OpenBLAS runs one
+// thread and those products run as tiles, so training gives the same numbers with the worker and
+// without it, and twice the same with it (the tiles never depend on when the worker runs).
+TEST_F(CometStoreTest, TiledProductsTrainTheSameWithTheWorkerOrWithout) {
+  std::string why;
+  if (!CometGemm::Available(&why)) {
+    std::cout << "CometGemm not available here (" << why << "): nothing to check" << std::endl;
+    return;
+  }
+  const std::string net =
+      "name: 'tiled' "
+      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "  dummy_data_param { shape { dim: 4 dim: 32 dim: 32 dim: 32 } shape { dim: 4 } "
+      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "  convolution_param { num_output: 64 kernel_size: 3 pad: 1 "
+      "    weight_filler { type: 'gaussian' std: 0.05 } } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2' "
+      "  convolution_param { num_output: 64 kernel_size: 3 pad: 1 "
+      "    weight_filler { type: 'gaussian' std: 0.05 } } } "
+      "layer { name: 'relu2' type: 'ReLU' bottom: 'conv2' top: 'conv2' } "
+      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'conv2' top: 'ip1' "
+      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.01 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip1' bottom: 'label' top: 'loss' } ";
+  bool rows;
+  ASSERT_GE(CometGemm::Tiles(64, 32 * 32, 64 * 9, &rows), 2);  // conv2's forward product
+  const char* comet[] = {"async: false", "", ""};
+  std::vector<float> params[3];
+  for (int k = 0; k < 3; ++k) {
+    SolverParameter sp;
+    CHECK(google::protobuf::TextFormat::ParseFromString(
+        "base_lr: 0.05 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
+        "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' comet { eb_mode: FIXED "
+        "error_bound: 1e-2 " + std::string(comet[k]) + " }", &sp));
+    CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
+    shared_ptr<Solver<float> > solver(SolverRegistry<float>::CreateSolver(sp));
+    Run(solver.get(), 4);
+    params[k] = Params(solver.get());
+  }
+  for (int k = 1; k < 3; ++k) {
+    ASSERT_EQ(params[0].size(), params[k].size());
+    for (int i = 0; i < params[0].size(); ++i)
+      ASSERT_EQ(params[0][i], params[k][i]) << "run " << k << ", param value " << i;
+  }
 }
 
 // A payload that the worker finds corrupt while decoding it ahead is reported when its reader

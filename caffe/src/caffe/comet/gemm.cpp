@@ -1,0 +1,146 @@
+// COMET-Caffe: large matrix products as fixed tiles on the cores' team (include/caffe/comet/gemm.hpp).
+#include <dlfcn.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <mutex>  // NOLINT(build/c++11)
+#include <string>
+
+#include "caffe/comet/gemm.hpp"
+#include "caffe/comet/worker.hpp"
+#include "caffe/common.hpp"
+#include "caffe/util/mkl_alternate.hpp"
+
+namespace caffe {
+
+std::atomic<int> CometGemm::users_(0);
+
+namespace {
+
+// Tiles of 8 M flops or more (some 80 us on one core) pay for waking a thread; 8 at most keep
+// OpenBLAS's packing of the other operand, once per tile, small (measured: docs/comet.md).
+const double kTileFlops = 8388608.0;
+const int kMaxTiles = 8;
+const int kTileAlign = 16;  // rows or columns: a multiple of the kernels' unrolling
+
+// OpenBLAS, found at run time: the process may link another BLAS.
+struct OpenBlas {
+  void (*set_threads)(int);
+  int threads;      // its count when no store uses tiles
+  std::string why;  // why tiling cannot work here; empty when it can
+  std::mutex mutex;  // guards the count of users
+  OpenBlas() : set_threads(NULL), threads(0) {
+    typedef int (*GetThreads)();
+    typedef char* (*GetConfig)();
+    set_threads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    GetThreads get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    GetConfig config = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+    if (!set_threads || !get || !config) {
+      why = "the BLAS in this process is not OpenBLAS";
+    } else {
+      const std::string c(config());
+      threads = get();
+      // With affinity a change of count pins or unpins the calling thread; with OpenMP the count
+      // is each thread's own setting, so the team's threads would keep theirs.
+      if (c.find("NO_AFFINITY") == std::string::npos) why = "OpenBLAS pins its threads (" + c + ")";
+      else if (c.find("OPENMP") != std::string::npos) why = "OpenBLAS uses OpenMP (" + c + ")";
+      else if (threads < 2) why = "OpenBLAS runs one thread (OPENBLAS_NUM_THREADS)";
+      else if (CometTeam::Get().size() < 2) why = "this machine has one core";
+    }
+    if (!why.empty()) set_threads = NULL;
+  }
+  static OpenBlas& Get() {
+    static OpenBlas* blas = new OpenBlas();  // never destroyed: threads may outlive statics
+    return *blas;
+  }
+};
+
+struct Product {
+  bool trans_a, trans_b, rows;
+  int M, N, K, tiles, units;
+  float alpha, beta;
+  const float* A;
+  const float* B;
+  float* C;
+
+  // Tile t: rows (or columns) [lo, hi) of C.
+  void Run(int t) const {
+    const int dim = rows ? M : N;
+    const int lo = std::min(dim, kTileAlign * static_cast<int>(static_cast<int64_t>(units) * t / tiles));
+    const int hi = t + 1 == tiles ? dim
+        : std::min(dim, kTileAlign * static_cast<int>(static_cast<int64_t>(units) * (t + 1) / tiles));
+    if (hi <= lo) return;
+    const int lda = trans_a ? M : K, ldb = trans_b ? K : N;
+    const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+    const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+    if (rows) {  // op(A)'s rows lo..hi: A's rows, or its columns when transposed
+      const float* a = trans_a ? A + lo : A + static_cast<int64_t>(lo) * K;
+      cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, alpha, a, lda, B, ldb, beta,
+                  C + static_cast<int64_t>(lo) * N, N);
+    } else {  // op(B)'s columns lo..hi: B's columns, or its rows when transposed
+      const float* b = trans_b ? B + static_cast<int64_t>(lo) * K : B + lo;
+      cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, alpha, A, lda, b, ldb, beta, C + lo, N);
+    }
+  }
+  static void Task(void* arg, int t) { static_cast<const Product*>(arg)->Run(t); }
+};
+
+}  // namespace
+
+int CometGemm::Tiles(int M, int N, int K, bool* along_rows) {
+  const double flops = 2.0 * M * N * K;
+  *along_rows = M >= N;  // split the larger side: the other operand is the one each tile packs
+  const int units = ((*along_rows ? M : N) + kTileAlign - 1) / kTileAlign;
+  int tiles = static_cast<int>(std::min<double>(kMaxTiles, flops / kTileFlops));
+  tiles = std::min(tiles, units);
+  return tiles >= 2 ? tiles : 0;
+}
+
+bool CometGemm::Available(std::string* why) {
+  OpenBlas& blas = OpenBlas::Get();
+  if (why) *why = blas.why;
+  return blas.set_threads != NULL;
+}
+
+void CometGemm::Use(bool on) {
+  OpenBlas& blas = OpenBlas::Get();
+  if (!blas.set_threads) return;
+  std::lock_guard<std::mutex> lock(blas.mutex);
+  const int before = users_.load();
+  users_ += on ? 1 : -1;
+  // OpenBLAS itself runs one thread while products are tiled: every call, tiled or not, then
+  // gives the same numbers however the cores were shared (its own split would not).
+  if (before == 0 && users_.load() > 0) blas.set_threads(1);
+  if (before > 0 && users_.load() == 0) blas.set_threads(blas.threads);
+}
+
+bool CometGemm::RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                         const float* A, const float* B, float beta, float* C, bool in_order) {
+  OpenBlas& blas = OpenBlas::Get();
+  Product p;
+  p.tiles = Tiles(M, N, K, &p.rows);
+  if (!blas.set_threads || p.tiles == 0) return false;
+  p.trans_a = trans_a;
+  p.trans_b = trans_b;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.units = ((p.rows ? M : N) + kTileAlign - 1) / kTileAlign;
+  p.alpha = alpha;
+  p.beta = beta;
+  p.A = A;
+  p.B = B;
+  p.C = C;
+  std::lock_guard<std::mutex> lock(blas.mutex);
+  blas.set_threads(1);  // read by each call when it starts: every tile runs on its own thread
+  // Who runs which tile changes nothing in the numbers: the team's threads join unless a worker
+  // needs their core (on 2 cores: the step then runs every tile itself, the worker the other core).
+  if (in_order) {
+    for (int t = 0; t < p.tiles; ++t) p.Run(t);
+  } else {
+    CometTeam::Get().Run(p.tiles, &Product::Task, &p, false);
+  }
+  return true;
+}
+
+}  // namespace caffe
