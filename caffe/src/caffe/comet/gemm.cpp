@@ -17,10 +17,11 @@ std::atomic<int> CometGemm::users_(0);
 
 namespace {
 
-// Tiles of 8 M flops or more (some 80 us on one core) pay for waking a thread; 8 at most keep
-// OpenBLAS's packing of the other operand, once per tile, small (measured: docs/comet.md).
+// Tiles of 8 M flops or more (some 80 us on one core) pay for waking a thread; two per core at
+// most keep OpenBLAS's packing of the other operand, once per tile, small (on 2 cores 8 tiles
+// lost 5-25% on CaffeNet's convolutions against OpenBLAS's own split, 2 or 4 tiles nothing).
 const double kTileFlops = 8388608.0;
-const int kMaxTiles = 8;
+const int kTilesPerCore = 2;
 const int kTileAlign = 16;  // rows or columns: a multiple of the kernels' unrolling
 
 // OpenBLAS, found at run time: the process may link another BLAS.
@@ -28,7 +29,7 @@ struct OpenBlas {
   void (*set_threads)(int);
   int threads;      // its count when no store uses tiles
   std::string why;  // why tiling cannot work here; empty when it can
-  std::mutex mutex;  // guards the count of users
+  std::mutex mutex;  // one tiled product at a time: the count is the whole process's
   OpenBlas() : set_threads(NULL), threads(0) {
     typedef int (*GetThreads)();
     typedef char* (*GetConfig)();
@@ -91,7 +92,8 @@ int CometGemm::Tiles(int M, int N, int K, bool* along_rows) {
   const double flops = 2.0 * M * N * K;
   *along_rows = M >= N;  // split the larger side: the other operand is the one each tile packs
   const int units = ((*along_rows ? M : N) + kTileAlign - 1) / kTileAlign;
-  int tiles = static_cast<int>(std::min<double>(kMaxTiles, flops / kTileFlops));
+  const int most = kTilesPerCore * static_cast<int>(CometTeam::Get().size());
+  int tiles = static_cast<int>(std::min<double>(most, flops / kTileFlops));
   tiles = std::min(tiles, units);
   return tiles >= 2 ? tiles : 0;
 }
@@ -102,17 +104,7 @@ bool CometGemm::Available(std::string* why) {
   return blas.set_threads != NULL;
 }
 
-void CometGemm::Use(bool on) {
-  OpenBlas& blas = OpenBlas::Get();
-  if (!blas.set_threads) return;
-  std::lock_guard<std::mutex> lock(blas.mutex);
-  const int before = users_.load();
-  users_ += on ? 1 : -1;
-  // OpenBLAS itself runs one thread while products are tiled: every call, tiled or not, then
-  // gives the same numbers however the cores were shared (its own split would not).
-  if (before == 0 && users_.load() > 0) blas.set_threads(1);
-  if (before > 0 && users_.load() == 0) blas.set_threads(blas.threads);
-}
+void CometGemm::Use(bool on) { users_ += on ? 1 : -1; }
 
 bool CometGemm::RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                          const float* A, const float* B, float beta, float* C, bool in_order) {
@@ -131,15 +123,18 @@ bool CometGemm::RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float 
   p.A = A;
   p.B = B;
   p.C = C;
-  std::lock_guard<std::mutex> lock(blas.mutex);
-  blas.set_threads(1);  // read by each call when it starts: every tile runs on its own thread
   // Who runs which tile changes nothing in the numbers: the team's threads join unless a worker
   // needs their core (on 2 cores: the step then runs every tile itself, the worker the other core).
+  // OpenBLAS runs one thread for the tiles and its own count for every other call: each call's
+  // count follows from the program, never from timing, so neither do its numbers.
+  std::lock_guard<std::mutex> lock(blas.mutex);
+  blas.set_threads(1);
   if (in_order) {
     for (int t = 0; t < p.tiles; ++t) p.Run(t);
   } else {
     CometTeam::Get().Run(p.tiles, &Product::Task, &p, false);
   }
+  blas.set_threads(blas.threads);
   return true;
 }
 
