@@ -167,7 +167,7 @@ def main() -> int:
                     help='an extra comet { } setting for the COMET runs, e.g. --set "decode_ahead: 3" (repeatable)')
     ap.add_argument("--also", dest="variants", action="append", default=[], metavar='"FIELD: VALUE"',
                     help='one more COMET run per repetition with this setting on top, in its own row, '
-                         'e.g. --also "blas_yields_core: false" (repeatable; --sync is --also "async: false")')
+                         'e.g. --also "tiled_gemm: false" (repeatable; --sync is --also "async: false")')
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     ap.add_argument("--keep", type=Path, default=None, help="keep prototxts and logs in this folder")
     args = ap.parse_args()
@@ -187,15 +187,15 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         for batch in args.batches:
             net = make_net(pb2, text_format, batch, images, model_path)
-            # mode -> the comet setting it adds to the COMET runs' own (None: COMET off)
-            extras = {"off": None, "on": ""}
+            # mode -> the comet setting it adds to the COMET runs' own ("off": no comet block)
+            extras = {"off": "", "on": ""}
             for setting in (["async: false"] if args.sync else []) + args.variants:
                 extras["on, " + setting] = f"  {setting}\n"
             modes = list(extras)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike
                 for comet in modes:
-                    tag = {"off": "off", "on": "on"}.get(comet) or f"v{modes.index(comet) - 1}"
+                    tag = comet if comet in ("off", "on") else f"v{modes.index(comet) - 1}"
                     name = f"{args.model}_b{batch}_{tag}"
                     name += f"_{rep + 1}" if args.repeat > 1 else ""
                     t0 = time.time()

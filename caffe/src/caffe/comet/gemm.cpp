@@ -24,10 +24,13 @@ const double kTileFlops = 8388608.0;
 const int kTilesPerCore = 2;
 const int kTileAlign = 16;  // rows or columns: a multiple of the kernels' unrolling
 
+// Rows or columns of C in units of kTileAlign.
+int Units(int dim) { return (dim + kTileAlign - 1) / kTileAlign; }
+
 // OpenBLAS, found at run time: the process may link another BLAS.
 struct OpenBlas {
   void (*set_threads)(int);
-  int threads;      // its count when no store uses tiles
+  int threads;      // its own count, for every call but our tiles
   std::string why;  // why tiling cannot work here; empty when it can
   std::mutex mutex;  // one tiled product at a time: the count is the whole process's
   OpenBlas() : set_threads(NULL), threads(0) {
@@ -58,7 +61,7 @@ struct OpenBlas {
 
 struct Product {
   bool trans_a, trans_b, rows;
-  int M, N, K, tiles, units;
+  int M, N, K, tiles;
   float alpha, beta;
   const float* A;
   const float* B;
@@ -66,7 +69,7 @@ struct Product {
 
   // Tile t: rows (or columns) [lo, hi) of C.
   void Run(int t) const {
-    const int dim = rows ? M : N;
+    const int dim = rows ? M : N, units = Units(dim);
     const int lo = std::min(dim, kTileAlign * static_cast<int>(static_cast<int64_t>(units) * t / tiles));
     const int hi = t + 1 == tiles ? dim
         : std::min(dim, kTileAlign * static_cast<int>(static_cast<int64_t>(units) * (t + 1) / tiles));
@@ -91,7 +94,7 @@ struct Product {
 int CometGemm::Tiles(int M, int N, int K, bool* along_rows) {
   const double flops = 2.0 * M * N * K;
   *along_rows = M >= N;  // split the larger side: the other operand is the one each tile packs
-  const int units = ((*along_rows ? M : N) + kTileAlign - 1) / kTileAlign;
+  const int units = Units(*along_rows ? M : N);
   const int most = kTilesPerCore * static_cast<int>(CometTeam::Get().size());
   int tiles = static_cast<int>(std::min<double>(most, flops / kTileFlops));
   tiles = std::min(tiles, units);
@@ -117,7 +120,6 @@ bool CometGemm::RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float 
   p.M = M;
   p.N = N;
   p.K = K;
-  p.units = ((p.rows ? M : N) + kTileAlign - 1) / kTileAlign;
   p.alpha = alpha;
   p.beta = beta;
   p.A = A;

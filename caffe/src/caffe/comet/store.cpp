@@ -141,12 +141,13 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
       max_in_flight_(0), tiled_gemm_(false) {
   CheckSettings(param_, *net_);
   if (param_.async()) worker_.reset(new CometWorker());
-  const bool cpu_async = param_.async() && Caffe::mode() == Caffe::CPU;
+  const bool cpu = Caffe::mode() == Caffe::CPU;
   std::string why;
-  tiled_gemm_ = Caffe::mode() == Caffe::CPU && param_.tiled_gemm() && CometGemm::Available(&why);
-  if (!tiled_gemm_ && Caffe::mode() == Caffe::CPU && param_.tiled_gemm())
-    LOG(INFO) << "COMET: tiled_gemm does nothing here: " << why;
-  if (cpu_async && !getenv("OPENBLAS_THREAD_TIMEOUT"))
+  if (cpu && param_.tiled_gemm()) {
+    tiled_gemm_ = CometGemm::Available(&why);
+    if (!tiled_gemm_) LOG(INFO) << "COMET: tiled_gemm does nothing here: " << why;
+  }
+  if (cpu && param_.async() && !getenv("OPENBLAS_THREAD_TIMEOUT"))
     LOG(INFO) << "COMET: OPENBLAS_THREAD_TIMEOUT is not set. With OpenBLAS its idle threads spin "
                  "for about 0.1 s after each call, on the cores this store's worker and Caffe's "
                  "one-thread layers need; OPENBLAS_THREAD_TIMEOUT=4 lets them sleep at once "

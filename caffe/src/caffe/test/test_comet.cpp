@@ -1475,9 +1475,9 @@ TEST_F(CometStoreTest, AsyncWorkTrainsBitIdenticallyToWorkInTheStep) {
   n->Backward();
 }
 
-// A net whose convolutions and inner product are tiled: while the store lives OpenBLAS runs one
-// thread and those products run as tiles, so training gives the same numbers with the worker and
-// without it, and twice the same with it (the tiles never depend on when the worker runs).
+// A net whose convolutions are tiled: while the store lives those products run as tiles (one
+// OpenBLAS thread each), so training gives the same numbers with the worker and without it, and
+// twice the same with it (the tiles never depend on when the worker runs).
 TEST_F(CometStoreTest, TiledProductsTrainTheSameWithTheWorkerOrWithout) {
   std::string why;
   if (!CometGemm::Available(&why)) {
