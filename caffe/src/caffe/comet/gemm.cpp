@@ -19,7 +19,8 @@ namespace {
 
 // Tiles of 8 M flops or more (some 80 us on one core) pay for waking a thread; two per core at
 // most keep OpenBLAS's packing of the other operand, once per tile, small (on 2 cores 8 tiles
-// lost 5-25% on CaffeNet's convolutions against OpenBLAS's own split, 2 or 4 tiles nothing).
+// lost up to 25% on CaffeNet's convolutions against OpenBLAS's own split, 2 or 4 tiles
+// stayed within -8% to +7%).
 const double kTileFlops = 8388608.0;
 const int kTilesPerCore = 2;
 const int kTileAlign = 16;  // rows or columns: a multiple of the kernels' unrolling
