@@ -398,8 +398,11 @@ def test_ctrl_c_during_conversion_is_one_line_and_resumable(tmp_path, wf_pb2):
     out = tmp_path / "out"
     cmd = [str(Path(sys.executable).parent / "cometctl"), "prepare-dogs", "--archive", str(images),
            "--lists", str(lists), "--data-dir", str(out), "--size", "128", "--jobs", "2"]
+    # SIGINT at its default in the child even when this test runs with it ignored (a shell's
+    # `cmd &` ignores it, and a Python started so keeps it ignored, as nohup intends)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     sidecar = out / "train_lmdb.partial.json"
     try:
         deadline = time.time() + 60
