@@ -97,46 +97,63 @@ struct FieldWriter {
 // Host fast path for the k-bit fields (kCompact): a block's fields, at most 32 x 31 bits = 124
 // bytes, are packed into and unpacked from a zero-padded 128-byte copy with the width k as a
 // compile-time constant, so each field is one 8-byte load or two shifts and no loop carries a
-// bit position. Same bytes as FieldWriter/FieldReader (bit t*k, LSB first); test_stages checks
-// every width and count against them.
+// bit position. Eight fields of K bits are K whole bytes, so the fields go in groups of eight
+// (group g is bytes [gK, gK + K)), and the groups from the block's count on are skipped (a
+// ReLU block holds half as many nonzeros). Same bytes as FieldWriter/FieldReader (bit t*k, LSB
+// first); test_stages checks every width and count against them.
 constexpr int kFieldBuf = 128;
 
-// m[0..32) -> buf[0..kFieldBuf): field t at bit t*K. Fields past the block's count must be 0.
+// m[0..count) -> buf: field t at bit t*K; bytes from (count*K+7)/8 on are not to be used.
+// Fields from count to the end of its group of eight must be 0.
 template <int K>
-SZ_HD void pack_fields_k(const uint32_t* m, uint8_t* buf) {
-  uint64_t w[kFieldBuf / 8] = {};
-SZ_HOST_UNROLL32
-  for (int t = 0; t < kBlock; ++t) {
-    const int bit = t * K, word = bit >> 6, off = bit & 63;
-    w[word] |= (uint64_t)m[t] << off;
-    if (off + K > 64) w[word + 1] |= (uint64_t)m[t] >> (64 - off);
+SZ_HD void pack_fields_k(const uint32_t* m, int count, uint8_t* buf) {
+  constexpr int kWords = (8 * K + 63) / 64;
+  for (int g = 0; g < kBlock / 8 && 8 * g < count; ++g) {
+    uint64_t w[kWords] = {};
+    const uint32_t* mg = m + 8 * g;
+SZ_HOST_UNROLL8
+    for (int i = 0; i < 8; ++i) {
+      const int bit = i * K, word = bit >> 6, off = bit & 63;
+      w[word] |= (uint64_t)mg[i] << off;
+      if (off + K > 64) w[word + 1] |= (uint64_t)mg[i] >> (64 - off);
+    }
+    // the words' bytes past the group are zeros, which the next group overwrites
+    for (int i = 0; i < kWords; ++i) store_u64le(buf + g * K + 8 * i, w[i]);
   }
-  for (int i = 0; i < kFieldBuf / 8; ++i) store_u64le(buf + 8 * i, w[i]);
 }
 
-// buf[0..kFieldBuf) -> m[0..32); fields past the block's count come out as whatever buf holds.
+// buf[0..kFieldBuf) -> m[0..32); fields from count to the end of its group come out as whatever
+// buf holds there, the later groups as 0.
 template <int K>
-SZ_HD void unpack_fields_k(const uint8_t* buf, uint32_t* m) {
+SZ_HD void unpack_fields_k(const uint8_t* buf, int count, uint32_t* m) {
   constexpr uint32_t mask = (1u << K) - 1u;
-SZ_HOST_UNROLL32
-  for (int t = 0; t < kBlock; ++t) {
-    const int bit = t * K;
-    m[t] = (uint32_t)(load_u64le(buf + (bit >> 3)) >> (bit & 7)) & mask;
+  for (int g = 0; g < kBlock / 8; ++g) {
+    uint32_t* mg = m + 8 * g;
+    if (8 * g >= count) {
+      for (int i = 0; i < 8; ++i) mg[i] = 0;
+      continue;
+    }
+    const uint8_t* bg = buf + g * K;
+SZ_HOST_UNROLL8
+    for (int i = 0; i < 8; ++i) {
+      const int bit = i * K;
+      mg[i] = (uint32_t)(load_u64le(bg + (bit >> 3)) >> (bit & 7)) & mask;
+    }
   }
 }
 
 // Runtime k in 1..31 to the compile-time width (k changes little from block to block, so the
 // comparisons predict well).
 template <int K = 1>
-SZ_HD void pack_fields(int k, const uint32_t* m, uint8_t* buf) {
-  if (k == K) pack_fields_k<K>(m, buf);
-  else if constexpr (K < 31) pack_fields<K + 1>(k, m, buf);
+SZ_HD void pack_fields(int k, int count, const uint32_t* m, uint8_t* buf) {
+  if (k == K) pack_fields_k<K>(m, count, buf);
+  else if constexpr (K < 31) pack_fields<K + 1>(k, count, m, buf);
 }
 
 template <int K = 1>
-SZ_HD void unpack_fields(int k, const uint8_t* buf, uint32_t* m) {
-  if (k == K) unpack_fields_k<K>(buf, m);
-  else if constexpr (K < 31) unpack_fields<K + 1>(k, buf, m);
+SZ_HD void unpack_fields(int k, int count, const uint8_t* buf, uint32_t* m) {
+  if (k == K) unpack_fields_k<K>(buf, count, m);
+  else if constexpr (K < 31) unpack_fields<K + 1>(k, count, buf, m);
 }
 
 // Writes the data bytes of a coded block (descriptor neither zero nor raw) from its codes and
@@ -162,7 +179,7 @@ SZ_HD void pack_codes(const int32_t* code, int L, uint16_t desc, uint32_t bitmap
       for (int b = 0; b < (nnz + 7) / 8; ++b) *o++ = (uint8_t)(sign >> (8 * b));
     if (k) {
       uint8_t buf[kFieldBuf];
-      pack_fields(k, mags, buf);
+      pack_fields(k, nnz, mags, buf);
       memcpy(o, buf, (size_t)(nnz * k + 7) / 8);
     }
   } else {
@@ -282,7 +299,7 @@ SZ_HD bool decode_block(const uint8_t* d, uint16_t desc, int L, uint64_t row_pos
     if (k) {
       uint8_t buf[kFieldBuf] = {};
       memcpy(buf, d, (size_t)(end - d));  // (nnz * k + 7) / 8 <= 124 bytes
-      unpack_fields(k, buf, mags);
+      unpack_fields(k, nnz, buf, mags);
     } else {
       for (int t = 0; t < kBlock; ++t) mags[t] = 0;
     }

@@ -25,8 +25,10 @@
 // Full unrolling of a host loop with a compile-time count (GCC; nvcc's front end rejects it).
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #define SZ_HOST_UNROLL32 _Pragma("GCC unroll 32")
+#define SZ_HOST_UNROLL8 _Pragma("GCC unroll 8")
 #else
 #define SZ_HOST_UNROLL32
+#define SZ_HOST_UNROLL8
 #endif
 
 namespace szi {

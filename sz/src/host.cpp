@@ -6,6 +6,7 @@
 #include "format.h"
 #include "blockpack.h"
 #include "lossless.h"
+#include "blockpack_avx2.h"
 #include <stdlib.h>
 #include <string.h>
 #include <float.h>
@@ -92,8 +93,18 @@ uint64_t checksum_parallel(const uint8_t* p, uint64_t len, int T) {
 }
 
 
-SZ_CLONES uint64_t encode_range(const float* in, uint64_t n, uint64_t b0, uint64_t b1, uint64_t W,
-                                const QuantParams& qp, uint16_t* desc_full, uint8_t* mine) {
+#ifdef SZ_HAVE_AVX2_ENCODER
+// SZ_NO_AVX2=1 in the environment keeps the generic loops (to compare them: same bytes, same
+// values).
+bool use_avx2() {
+  static const bool use = avx2::cpu_has_avx2() && !getenv("SZ_NO_AVX2");
+  return use;
+}
+#endif
+
+SZ_CLONES uint64_t encode_range_generic(const float* in, uint64_t n, uint64_t b0, uint64_t b1,
+                                        uint64_t W, const QuantParams& qp, uint16_t* desc_full,
+                                        uint8_t* mine) {
   uint64_t pos = 0;
   uint64_t row_pos = (b0 * kBlock) % W;
   for (uint64_t b = b0; b < b1; ++b) {
@@ -106,12 +117,45 @@ SZ_CLONES uint64_t encode_range(const float* in, uint64_t n, uint64_t b0, uint64
   return pos;
 }
 
+#ifdef SZ_HAVE_AVX2_ENCODER
+// Full blocks in AVX2 registers (blockpack_avx2.h); the last short block and blocks with a
+// value the fast quantizer flags take encode_block. Same bytes as encode_range_generic.
+SZ_AVX2_TARGET uint64_t encode_range_avx2(const float* in, uint64_t n, uint64_t b0, uint64_t b1,
+                                          uint64_t W, const QuantParams& qp, uint16_t* desc_full,
+                                          uint8_t* mine) {
+  uint64_t pos = 0;
+  uint64_t row_pos = (b0 * kBlock) % W;
+  for (uint64_t b = b0; b < b1; ++b) {
+    uint16_t d;
+    uint32_t size;
+    const float* x = in + b * kBlock;
+    const int L = block_len(b, n);
+    if (L != kBlock || !avx2::encode_block32(x, row_pos, W, qp, &d, mine + pos, &size))
+      size = encode_block(x, L, row_pos, W, qp, &d, mine + pos);
+    pos += size;
+    desc_full[b] = d;
+    row_pos += kBlock;
+    if (row_pos >= W) row_pos %= W;
+  }
+  return pos;
+}
+#endif
+
+uint64_t encode_range(const float* in, uint64_t n, uint64_t b0, uint64_t b1, uint64_t W,
+                      const QuantParams& qp, uint16_t* desc_full, uint8_t* mine) {
+#ifdef SZ_HAVE_AVX2_ENCODER
+  if (use_avx2())
+    return encode_range_avx2(in, n, b0, b1, W, qp, desc_full, mine);
+#endif
+  return encode_range_generic(in, n, b0, b1, W, qp, desc_full, mine);
+}
+
 // Decodes blocks [b0, b1) of a validated payload (every descriptor passed desc_run, and the
 // totals match). Returns false on a block whose data contradicts its descriptor. r = rank of
 // block b0 among the flagged blocks; pos = offset of block b0's data.
-SZ_CLONES bool decode_range(const uint8_t* flags, const uint8_t* descs, uint64_t r,
-                            const uint8_t* data, uint64_t pos, uint64_t n, uint64_t b0,
-                            uint64_t b1, uint64_t W, float two_eb, float* out) {
+SZ_CLONES bool decode_range_generic(const uint8_t* flags, const uint8_t* descs, uint64_t r,
+                                    const uint8_t* data, uint64_t pos, uint64_t n, uint64_t b0,
+                                    uint64_t b1, uint64_t W, float two_eb, float* out) {
   uint64_t row_pos = (b0 * kBlock) % W;
   for (uint64_t b = b0; b < b1; ++b) {
     const int L = block_len(b, n);
@@ -123,6 +167,38 @@ SZ_CLONES bool decode_range(const uint8_t* flags, const uint8_t* descs, uint64_t
     if (row_pos >= W) row_pos %= W;
   }
   return true;
+}
+
+#ifdef SZ_HAVE_AVX2_ENCODER
+// Full coded blocks in AVX2 registers (blockpack_avx2.h); the same values as the generic loop.
+SZ_AVX2_TARGET bool decode_range_avx2(const uint8_t* flags, const uint8_t* descs, uint64_t r,
+                                      const uint8_t* data, uint64_t pos, uint64_t n, uint64_t b0,
+                                      uint64_t b1, uint64_t W, float two_eb, float* out) {
+  uint64_t row_pos = (b0 * kBlock) % W;
+  for (uint64_t b = b0; b < b1; ++b) {
+    const int L = block_len(b, n);
+    const uint16_t d = flag_bit(flags, b) ? load_u16le(descs + 2 * r++) : kDescZero;
+    const bool coded = d != kDescZero && d != kDescRaw;
+    const bool ok = coded && L == kBlock
+                        ? avx2::decode_block32(data + pos, d, row_pos, W, two_eb, out + b * kBlock)
+                        : decode_block(data + pos, d, L, row_pos, W, two_eb, out + b * kBlock);
+    if (!ok) return false;
+    pos += block_data_size(d, L);
+    row_pos += kBlock;
+    if (row_pos >= W) row_pos %= W;
+  }
+  return true;
+}
+#endif
+
+bool decode_range(const uint8_t* flags, const uint8_t* descs, uint64_t r, const uint8_t* data,
+                  uint64_t pos, uint64_t n, uint64_t b0, uint64_t b1, uint64_t W, float two_eb,
+                  float* out) {
+#ifdef SZ_HAVE_AVX2_ENCODER
+  if (use_avx2())
+    return decode_range_avx2(flags, descs, r, data, pos, n, b0, b1, W, two_eb, out);
+#endif
+  return decode_range_generic(flags, descs, r, data, pos, n, b0, b1, W, two_eb, out);
 }
 
 // Worker t of T gets whole flag bytes: blocks [b0, b1) in units of 8.

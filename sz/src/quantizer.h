@@ -90,9 +90,9 @@ SZ_HD bool quantize(float x, const QuantParams& p, int32_t* q) {
 // vectorize it. Its test fl(|x - recon|) < eb is conservative: IEEE subtraction rounds
 // monotonically, so a passing value truly has |x - recon| < eb; a value that fails (or
 // NaN/Inf/too large) flags the block, which then takes the exact per-value path above.
-// Either way the codes equal those of quantize() value by value. Returns false when the
-// block holds an outlier.
-SZ_HD bool quantize_block(const float* x, int L, const QuantParams& p, int32_t* q) {
+// Either way the codes equal those of quantize() value by value. quantize_block_fast is the
+// first loop alone: false when it flagged a value (q is then not to be used).
+SZ_HD bool quantize_block_fast(const float* x, int L, const QuantParams& p, int32_t* q) {
   int flagged = 0;
   for (int i = 0; i < L; ++i) {
     float t = mul_rn(x[i], p.inv_two_eb);
@@ -110,7 +110,12 @@ SZ_HD bool quantize_block(const float* x, int L, const QuantParams& p, int32_t* 
     flagged |= !(fabsf(d) < p.eb) | !valid;
     q[i] = qi;
   }
-  if (!flagged) return true;
+  return !flagged;
+}
+
+// Returns false when the block holds an outlier.
+SZ_HD bool quantize_block(const float* x, int L, const QuantParams& p, int32_t* q) {
+  if (quantize_block_fast(x, L, p, q)) return true;
   for (int i = 0; i < L; ++i)
     if (!quantize(x[i], p, &q[i])) return false;
   return true;

@@ -5,6 +5,7 @@
 
 #include "test_util.h"
 #include "blockpack.h"
+#include "blockpack_avx2.h"
 #include "format.h"
 #include "quantizer.h"
 
@@ -162,9 +163,106 @@ TEST(BlockPack, EveryFieldWidthAndCountMatchesTheGenericLoops) {
           ASSERT_EQ(f2u(y1[i]), f2u(y2[i])) << "k " << kk << " nnz " << nnz << " i " << i;
           ASSERT_EQ(y1[i], (float)code[i]) << "k " << kk << " nnz " << nnz << " i " << i;
         }
+#ifdef SZ_HAVE_AVX2_ENCODER
+        if (L == 32 && avx2::cpu_has_avx2()) {
+          // the AVX2 decoder, with and without the 1-D predictor over rows of several widths
+          for (int pred = 0; pred < 2; ++pred) {
+            const uint16_t dp = (uint16_t)(desc | (pred << 5));
+            const uint64_t W = 1 + g() % 40, row_pos = g() % W;
+            float y3[32];
+            ASSERT_TRUE(decode_block<true>(a, dp, 32, row_pos, W, 1.0f, y1));
+            ASSERT_TRUE(avx2::decode_block32(a, dp, row_pos, W, 1.0f, y3));
+            for (int i = 0; i < 32; ++i)
+              ASSERT_EQ(f2u(y3[i]), f2u(y1[i])) << "k " << kk << " nnz " << nnz << " W " << W << " i " << i;
+          }
+        }
+#endif
       }
     }
   }
+}
+
+// The host encodes full blocks in AVX2 registers where the CPU has AVX2 (blockpack_avx2.h):
+// it must choose the same descriptor and write the same bytes as encode_block, or hand the
+// block back (a value the fast quantizer flags), for every kind of block: zeros, sparse and
+// dense codes, wide fields and signs, row starts at every position, halfway values, outliers.
+TEST(BlockPack, Avx2EncoderMatchesTheGenericEncoder) {
+#ifndef SZ_HAVE_AVX2_ENCODER
+  GTEST_SKIP() << "no AVX2 encoder on this platform";
+#else
+  if (!avx2::cpu_has_avx2()) GTEST_SKIP() << "this CPU has no AVX2";
+  std::mt19937 g(5);
+  int handed_back = 0, kinds[4] = {0, 0, 0, 0}, widths = 0;
+  for (int trial = 0; trial < 60000; ++trial) {
+    const float eb = trial % 3 == 0 ? 0.5f : trial % 3 == 1 ? 0.01f : 3e-5f;
+    const QuantParams p = make_quant_params(eb);
+    float x[32];
+    const int style = g() % 8;
+    const float scale = std::ldexp(1.0f, (int)(g() % 24) - 4);
+    float walk = 0;
+    for (int i = 0; i < 32; ++i) {
+      float v = (float)((int)(g() % 20001) - 10000) * 1e-4f * scale;
+      walk += v * 0.05f;
+      if (style == 0) v = 0;
+      if (style == 1 && g() % 4) v = 0;                  // sparse
+      if (style == 2) v = std::fabs(v);                   // no signs
+      if (style == 3) v = walk;                           // smooth: Lorenzo wins
+      if (style == 4) v = (float)((int)(g() % 9) - 4) * p.two_eb + p.eb * (g() % 2 ? 1 : -1);  // halfway
+      if (style == 5 && g() % 8 == 0) v = g() % 2 ? NAN : INFINITY;  // outliers
+      if (style == 6) v = std::ldexp(1.0f, (int)(g() % 40)) * p.two_eb * (g() % 2 ? 1 : -1);  // wide, some past 2^29 steps
+      if (style == 7) v = g() % 2 ? 0.0f : -0.0f;
+      x[i] = v;
+    }
+    const uint64_t W = 1 + g() % 70, row_pos = g() % W;
+    uint16_t d_ref, d_avx;
+    uint8_t ref[4 * 32 + 8], got[4 * 32 + 8];
+    std::memset(ref, 0xA5, sizeof(ref));
+    std::memset(got, 0xA5, sizeof(got));
+    const uint32_t z_ref = encode_block<true>(x, 32, row_pos, W, p, &d_ref, ref);
+    uint32_t z_avx = 0;
+    if (!avx2::encode_block32(x, row_pos, W, p, &d_avx, got, &z_avx)) {
+      ++handed_back;
+      ASSERT_EQ(got[0], 0xA5) << "wrote a block it handed back";
+      int32_t q[32];
+      ASSERT_FALSE(quantize_block_fast(x, 32, p, q)) << "handed back a block the fast loop takes, trial " << trial;
+      continue;
+    }
+    ASSERT_EQ(d_avx, d_ref) << "trial " << trial << " style " << style << " W " << W;
+    ASSERT_EQ(z_avx, z_ref);
+    ASSERT_EQ(0, std::memcmp(got, ref, sizeof(got))) << "trial " << trial << " style " << style;
+    if (d_ref != kDescZero && d_ref != kDescRaw) {
+      // and the AVX2 decoder gives decode_block's values, bit for bit
+      float y_ref[32], y_avx[32];
+      ASSERT_TRUE(decode_block<true>(ref, d_ref, 32, row_pos, W, p.two_eb, y_ref));
+      ASSERT_TRUE(avx2::decode_block32(ref, d_ref, row_pos, W, p.two_eb, y_avx));
+      for (int i = 0; i < 32; ++i)
+        ASSERT_EQ(f2u(y_avx[i]), f2u(y_ref[i])) << "trial " << trial << " i " << i << " W " << W;
+      // a bitmap that does not hold nnz bits is refused by both
+      if (((d_ref >> 7) & 63) < 32) {
+        uint8_t bad[sizeof(ref)];
+        std::memcpy(bad, ref, sizeof(ref));
+        bad[0] ^= (uint8_t)(1u << (g() % 8));
+        ASSERT_FALSE(decode_block<true>(bad, d_ref, 32, row_pos, W, p.two_eb, y_ref));
+        ASSERT_FALSE(avx2::decode_block32(bad, d_ref, row_pos, W, p.two_eb, y_avx));
+      }
+    }
+    uint16_t d_plan;
+    uint32_t z_plan = 0;
+    ASSERT_TRUE(avx2::encode_block32(x, row_pos, W, p, &d_plan, nullptr, &z_plan));
+    ASSERT_EQ(d_plan, d_ref);
+    ASSERT_EQ(z_plan, z_ref);
+    if (d_ref == kDescZero) kinds[0]++;
+    else if (d_ref == kDescRaw) kinds[1]++;
+    else kinds[2 + ((d_ref >> 5) & 1)]++;
+    if (d_ref != kDescZero && d_ref != kDescRaw) widths |= 1 << (d_ref & 31);
+  }
+  EXPECT_GT(kinds[0], 0);
+  EXPECT_EQ(kinds[1], 0) << "a raw block should have been handed back";
+  EXPECT_GT(kinds[2], 0);
+  EXPECT_GT(kinds[3], 0);
+  EXPECT_GT(handed_back, 0);
+  EXPECT_GT(__builtin_popcount(widths), 20) << "field widths covered: " << std::hex << widths;
+#endif
 }
 
 TEST(BlockPack, InvalidDescriptorsRejected) {
