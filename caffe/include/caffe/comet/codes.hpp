@@ -53,6 +53,35 @@ COMET_HD bool argmax_code_at(int idx, int ph, int pw, const PoolGeometry& g, uin
   *code = static_cast<uint32_t>(dh * g.kernel_w + dw);
   return true;
 }
+
+// n / d for 0 <= n < 2^31 and 1 <= d < 2^31 as a multiply and a shift, for the host's argmax
+// encoder (a division per element was most of its time). Exact: with 2^l >= d, k = 31 + l and
+// m = ceil(2^k / d), n * m / 2^k exceeds n / d by less than 2^31 * d / (d * 2^k) = 2^-l <= 1/d.
+struct Divider {
+  uint64_t m;
+  int k;
+};
+COMET_HD Divider make_divider(uint32_t d) {
+  if (d == 0) d = 1;  // no plane is 0 wide; never divide by it
+  int l = 0;
+  while ((1ull << l) < d) ++l;
+  const int k = 31 + l;
+  return Divider{((1ull << k) + d - 1) / d, k};
+}
+COMET_HD uint32_t divide(uint32_t n, const Divider& v) {
+  return static_cast<uint32_t>((n * v.m) >> v.k);
+}
+// argmax_code_at with the plane's width as a Divider (by = make_divider(g.width)).
+COMET_HD bool argmax_code_fast(int idx, int ph, int pw, const PoolGeometry& g, const Divider& by,
+                               uint32_t* code) {
+  if (idx < 0) return false;
+  const int row = static_cast<int>(divide(static_cast<uint32_t>(idx), by));
+  const int dh = row - (ph * g.stride_h - g.pad_h);
+  const int dw = (idx - row * g.width) - (pw * g.stride_w - g.pad_w);
+  if (dh < 0 || dh >= g.kernel_h || dw < 0 || dw >= g.kernel_w) return false;
+  *code = static_cast<uint32_t>(dh * g.kernel_w + dw);
+  return true;
+}
 COMET_HD bool argmax_code(int idx, size_t i, const PoolGeometry& g, uint32_t* code) {
   return argmax_code_at(idx, static_cast<int>((i / g.pooled_width) % g.pooled_height),
                         static_cast<int>(i % g.pooled_width), g, code);

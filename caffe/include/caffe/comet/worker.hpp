@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>   // NOLINT(build/c++11)
+#include <set>
 #include <thread>  // NOLINT(build/c++11)
 #include <utility>
 #include <vector>
@@ -47,8 +48,9 @@ class CometTeam {
   std::vector<std::thread> threads_;
 };
 
-// One background thread that runs the store's encodes and decodes in the order they were
-// submitted, so the training step goes on while they run (docs/comet.md#asynchronous-work).
+// One background thread that starts the store's encodes and decodes in the order they were
+// submitted, so the training step goes on while they run (docs/comet.md#asynchronous-work); a
+// step that has to wait for some runs those not started yet itself. Jobs are independent.
 // Jobs are plain functions that write their results where the submitter reads them after Wait.
 // The thread is made once per store and sleeps when idle (no spinning next to BLAS's threads).
 class CometWorker {
@@ -60,6 +62,7 @@ class CometWorker {
   uint64_t Submit(const Job& job);  // its ticket: 1, 2, 3, ...
   bool Done(uint64_t ticket) const;
   // Blocks until the job of `ticket` (and every job before it) has run; the milliseconds waited.
+  // Those of them that have not started yet run on the calling thread meanwhile.
   double Wait(uint64_t ticket);
   // True on a worker's thread: the codecs run single-threaded there, on the core the step
   // leaves free, instead of splitting each call over every core.
@@ -70,10 +73,12 @@ class CometWorker {
 
  private:
   void Run();
+  void Ended(uint64_t ticket);
 
   mutable std::mutex mutex_;
   std::condition_variable wake_, done_;
   std::deque<std::pair<uint64_t, Job> > queue_;
+  std::set<uint64_t> running_;  // started, not ended
   uint64_t submitted_, finished_;
   bool stop_;
   std::thread thread_;

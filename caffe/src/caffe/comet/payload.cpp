@@ -268,10 +268,11 @@ shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, 
   bool bad = false;
   uint32_t popcount = 0;
   if (!on_device && argmax) {
-    // Sequential walk over the pooled positions: no divisions per element.
+    // Sequential walk over the pooled positions, and the width's division as a multiply.
     uint32_t* words = static_cast<uint32_t*>(p->data());
     std::fill(words, words + nwords, 0u);
     const size_t per = 32 / bits;  // ranges of whole words: no two threads share a word
+    const comet_codes::Divider by_width = comet_codes::make_divider(g.width);
     std::atomic<int> any_bad(0);
     ParallelRanges(count, per, [&](size_t i0, size_t i1) {
       int ph = static_cast<int>((i0 / g.pooled_width) % g.pooled_height);
@@ -279,7 +280,7 @@ shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, 
       int b = 0;
       for (size_t i = i0; i < i1; ++i) {
         uint32_t code = 0;
-        if (!comet_codes::argmax_code_at(v[i], ph, pw, g, &code)) b = 1;
+        if (!comet_codes::argmax_code_fast(v[i], ph, pw, g, by_width, &code)) b = 1;
         words[i * bits / 32] |= code << (i * bits % 32);
         if (++pw == g.pooled_width) {
           pw = 0;

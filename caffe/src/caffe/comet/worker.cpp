@@ -122,11 +122,35 @@ bool CometWorker::Done(uint64_t ticket) const {
   return finished_ >= ticket;
 }
 
+// Jobs start in ticket order but may end out of it (the worker and a waiting step each run
+// one): finished_ is the last ticket before the oldest job not yet ended. Under mutex_.
+void CometWorker::Ended(uint64_t ticket) {
+  running_.erase(ticket);
+  finished_ = running_.empty() ? (queue_.empty() ? submitted_ : queue_.front().first - 1)
+                               : *running_.begin() - 1;
+  done_.notify_all();
+}
+
 double CometWorker::Wait(uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (finished_ >= ticket) return 0;
   const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  done_.wait(lock, [this, ticket] { return finished_ >= ticket; });
+  while (finished_ < ticket) {
+    // A job the step waits for that has not started runs here, beside the worker's, instead of
+    // the step sleeping on a core while the worker works through the queue alone (the end of
+    // the forward pass waits for every encode still queued).
+    if (!queue_.empty() && queue_.front().first <= ticket) {
+      std::pair<uint64_t, Job> next = queue_.front();
+      queue_.pop_front();
+      running_.insert(next.first);
+      lock.unlock();
+      next.second();
+      lock.lock();
+      Ended(next.first);
+      continue;
+    }
+    done_.wait(lock);
+  }
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();
 }
@@ -140,6 +164,7 @@ void CometWorker::Run() {
     if (queue_.empty()) return;  // stop_, and nothing left to run
     std::pair<uint64_t, Job> next = queue_.front();
     queue_.pop_front();
+    running_.insert(next.first);
     lock.unlock();
     if (!busy) {
       busy = true;
@@ -151,8 +176,7 @@ void CometWorker::Run() {
       busy = false;
       --busy_workers;
     }
-    finished_ = next.first;
-    done_.notify_all();
+    Ended(next.first);
   }
 }
 

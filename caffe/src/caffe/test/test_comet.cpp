@@ -1,6 +1,9 @@
 // COMET-Caffe: tests of the activation store, its payloads and its error bounds (CPU).
 #include <algorithm>
+#include <atomic>  // NOLINT(build/c++11)
+#include <chrono>  // NOLINT(build/c++11)
 #include <climits>
+#include <condition_variable>  // NOLINT(build/c++11)
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -152,6 +155,50 @@ TEST(CometTeamTest, RunsEveryTaskOnceAlsoWhenTwoThreadsCallAtOnce) {
 // result equals the tiles run one after the other on one thread bit for bit (who runs a tile
 // changes nothing), also while a worker is busy (the step then runs every tile itself on 2
 // cores), and stays within float rounding of the product in double.
+// A step that waits for a ticket runs the jobs up to it that have not started, on its own
+// thread, beside the worker's; a ticket is done only once every job before it has ended, even
+// when a later one ended first.
+TEST(CometWorkerTest, AWaitingStepRunsQueuedJobsAndTicketsEndInOrder) {
+  CometWorker worker;
+  std::mutex m;
+  std::condition_variable cv;
+  bool release = false, a_started = false;
+  bool b_done_while_a_ran = true;
+  std::thread::id ran_b, ran_c;
+  const uint64_t a = worker.Submit([&] {  // holds the worker until job c lets it go
+    std::unique_lock<std::mutex> lock(m);
+    a_started = true;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(20), [&] { return release; });
+  });
+  {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return a_started; });
+  }
+  const uint64_t b = worker.Submit([&] { ran_b = std::this_thread::get_id(); });
+  const uint64_t c = worker.Submit([&] {
+    ran_c = std::this_thread::get_id();
+    b_done_while_a_ran = worker.Done(b);
+    std::lock_guard<std::mutex> lock(m);
+    release = true;
+    cv.notify_all();
+  });
+  EXPECT_FALSE(worker.Done(a));
+  worker.Wait(c);
+  EXPECT_EQ(ran_b, std::this_thread::get_id()) << "job b waited for the worker";
+  EXPECT_EQ(ran_c, std::this_thread::get_id()) << "job c waited for the worker";
+  EXPECT_FALSE(b_done_while_a_ran) << "ticket b was done while job a still ran";
+  EXPECT_TRUE(worker.Done(a));
+  EXPECT_TRUE(worker.Done(c));
+  // the worker still runs, by itself, what the step does not wait for
+  std::atomic<bool> ran_d(false);
+  const uint64_t d = worker.Submit([&] { ran_d = true; });
+  for (int i = 0; i < 20000 && !worker.Done(d); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(worker.Done(d));
+  EXPECT_TRUE(ran_d);
+}
+
 TEST(CometGemmTest, TilesGiveTheProductWhoeverRunsThem) {
   std::string why;
   if (!CometGemm::Available(&why)) {
@@ -961,6 +1008,29 @@ TEST_F(CometPayloadTest, ArgmaxCodesRoundTripAndRefuseWhatTheyCannotHold) {
   EXPECT_TRUE(CometEncodeArgmax(bad.data(), bad.size(), g, false, "a").get() == NULL);
   static_cast<uint32_t*>(p->data())[1] ^= 0x100u;
   EXPECT_FALSE(CometDecode(*p, out.data(), &error));
+}
+
+// The host's argmax encoder divides by the plane's width as a multiply and a shift: exact for
+// every index an int holds, at the edges of each quotient and for divisors up to 2^31 - 1.
+TEST_F(CometPayloadTest, WidthDividerIsExactForEveryIndex) {
+  const uint32_t divisors[] = {1u, 2u, 3u, 5u, 7u, 13u, 27u, 55u, 56u, 112u, 224u, 1000u,
+                               65535u, 65536u, 65537u, (1u << 20) + 1u, (1u << 30) + 3u,
+                               (1u << 31) - 1u};
+  std::mt19937 rng(7);
+  for (uint32_t d : divisors) {
+    const comet_codes::Divider by = comet_codes::make_divider(d);
+    std::vector<uint32_t> n = {0u, 1u, d - 1u, d, d + 1u, (1u << 31) - 1u, (1u << 31) - 2u};
+    for (int t = 0; t < 20000; ++t) {
+      const uint32_t q = rng() % ((1u << 31) / d);
+      n.push_back(q * d);
+      n.push_back(q * d + d - 1u);
+      n.push_back(rng() & 0x7FFFFFFFu);
+    }
+    for (uint32_t v : n) {
+      if (v > 0x7FFFFFFFu) continue;
+      ASSERT_EQ(comet_codes::divide(v, by), v / d) << v << " / " << d;
+    }
+  }
 }
 
 // The host decoder adds a table offset to each window's corner; on a map large enough to be
