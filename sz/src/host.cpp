@@ -102,36 +102,24 @@ bool use_avx2() {
 }
 #endif
 
-SZ_CLONES uint64_t encode_range_generic(const float* in, uint64_t n, uint64_t b0, uint64_t b1,
-                                        uint64_t W, const QuantParams& qp, uint16_t* desc_full,
-                                        uint8_t* mine) {
+// Blocks [b0, b1): kAvx2 takes full blocks through blockpack_avx2.h (instantiated only inside
+// an AVX2 function); the last short block and blocks with a value the fast quantizer flags take
+// encode_block. Same bytes either way.
+template <bool kAvx2>
+SZ_HD uint64_t encode_blocks(const float* in, uint64_t n, uint64_t b0, uint64_t b1, uint64_t W,
+                             const QuantParams& qp, uint16_t* desc_full, uint8_t* mine) {
   uint64_t pos = 0;
   uint64_t row_pos = (b0 * kBlock) % W;
   for (uint64_t b = b0; b < b1; ++b) {
     uint16_t d;
-    pos += encode_block(in + b * kBlock, block_len(b, n), row_pos, W, qp, &d, mine + pos);
-    desc_full[b] = d;
-    row_pos += kBlock;
-    if (row_pos >= W) row_pos %= W;
-  }
-  return pos;
-}
-
-#ifdef SZ_HAVE_AVX2_ENCODER
-// Full blocks in AVX2 registers (blockpack_avx2.h); the last short block and blocks with a
-// value the fast quantizer flags take encode_block. Same bytes as encode_range_generic.
-SZ_AVX2_TARGET uint64_t encode_range_avx2(const float* in, uint64_t n, uint64_t b0, uint64_t b1,
-                                          uint64_t W, const QuantParams& qp, uint16_t* desc_full,
-                                          uint8_t* mine) {
-  uint64_t pos = 0;
-  uint64_t row_pos = (b0 * kBlock) % W;
-  for (uint64_t b = b0; b < b1; ++b) {
-    uint16_t d;
-    uint32_t size;
+    uint32_t size = 0;
     const float* x = in + b * kBlock;
     const int L = block_len(b, n);
-    if (L != kBlock || !avx2::encode_block32(x, row_pos, W, qp, &d, mine + pos, &size))
-      size = encode_block(x, L, row_pos, W, qp, &d, mine + pos);
+    bool done = false;
+#ifdef SZ_HAVE_AVX2_ENCODER
+    if constexpr (kAvx2) done = L == kBlock && avx2::encode_block32(x, row_pos, W, qp, &d, mine + pos, &size);
+#endif
+    if (!done) size = encode_block(x, L, row_pos, W, qp, &d, mine + pos);
     pos += size;
     desc_full[b] = d;
     row_pos += kBlock;
@@ -139,49 +127,31 @@ SZ_AVX2_TARGET uint64_t encode_range_avx2(const float* in, uint64_t n, uint64_t 
   }
   return pos;
 }
-#endif
-
-uint64_t encode_range(const float* in, uint64_t n, uint64_t b0, uint64_t b1, uint64_t W,
-                      const QuantParams& qp, uint16_t* desc_full, uint8_t* mine) {
-#ifdef SZ_HAVE_AVX2_ENCODER
-  if (use_avx2())
-    return encode_range_avx2(in, n, b0, b1, W, qp, desc_full, mine);
-#endif
-  return encode_range_generic(in, n, b0, b1, W, qp, desc_full, mine);
-}
 
 // Decodes blocks [b0, b1) of a validated payload (every descriptor passed desc_run, and the
 // totals match). Returns false on a block whose data contradicts its descriptor. r = rank of
-// block b0 among the flagged blocks; pos = offset of block b0's data.
-SZ_CLONES bool decode_range_generic(const uint8_t* flags, const uint8_t* descs, uint64_t r,
-                                    const uint8_t* data, uint64_t pos, uint64_t n, uint64_t b0,
-                                    uint64_t b1, uint64_t W, float two_eb, float* out) {
+// block b0 among the flagged blocks; pos = offset of block b0's data. kAvx2 as above: full
+// coded blocks through blockpack_avx2.h, the same values.
+template <bool kAvx2>
+SZ_HD bool decode_blocks(const uint8_t* flags, const uint8_t* descs, uint64_t r,
+                         const uint8_t* data, uint64_t pos, uint64_t n, uint64_t b0, uint64_t b1,
+                         uint64_t W, float two_eb, float* out) {
   uint64_t row_pos = (b0 * kBlock) % W;
   for (uint64_t b = b0; b < b1; ++b) {
     const int L = block_len(b, n);
     const uint16_t d = flag_bit(flags, b) ? load_u16le(descs + 2 * r++) : kDescZero;
     // pos + size <= data_len holds: sizes were validated and sum to data_len
-    if (!decode_block(data + pos, d, L, row_pos, W, two_eb, out + b * kBlock)) return false;
-    pos += block_data_size(d, L);
-    row_pos += kBlock;
-    if (row_pos >= W) row_pos %= W;
-  }
-  return true;
-}
-
+    bool ok;
 #ifdef SZ_HAVE_AVX2_ENCODER
-// Full coded blocks in AVX2 registers (blockpack_avx2.h); the same values as the generic loop.
-SZ_AVX2_TARGET bool decode_range_avx2(const uint8_t* flags, const uint8_t* descs, uint64_t r,
-                                      const uint8_t* data, uint64_t pos, uint64_t n, uint64_t b0,
-                                      uint64_t b1, uint64_t W, float two_eb, float* out) {
-  uint64_t row_pos = (b0 * kBlock) % W;
-  for (uint64_t b = b0; b < b1; ++b) {
-    const int L = block_len(b, n);
-    const uint16_t d = flag_bit(flags, b) ? load_u16le(descs + 2 * r++) : kDescZero;
-    const bool coded = d != kDescZero && d != kDescRaw;
-    const bool ok = coded && L == kBlock
-                        ? avx2::decode_block32(data + pos, d, row_pos, W, two_eb, out + b * kBlock)
-                        : decode_block(data + pos, d, L, row_pos, W, two_eb, out + b * kBlock);
+    if constexpr (kAvx2) {
+      ok = d != kDescZero && d != kDescRaw && L == kBlock
+               ? avx2::decode_block32(data + pos, d, row_pos, W, two_eb, out + b * kBlock)
+               : decode_block(data + pos, d, L, row_pos, W, two_eb, out + b * kBlock);
+    } else
+#endif
+    {
+      ok = decode_block(data + pos, d, L, row_pos, W, two_eb, out + b * kBlock);
+    }
     if (!ok) return false;
     pos += block_data_size(d, L);
     row_pos += kBlock;
@@ -189,14 +159,46 @@ SZ_AVX2_TARGET bool decode_range_avx2(const uint8_t* flags, const uint8_t* descs
   }
   return true;
 }
+
+SZ_CLONES uint64_t encode_range_generic(const float* in, uint64_t n, uint64_t b0, uint64_t b1,
+                                        uint64_t W, const QuantParams& qp, uint16_t* desc_full,
+                                        uint8_t* mine) {
+  return encode_blocks<false>(in, n, b0, b1, W, qp, desc_full, mine);
+}
+
+SZ_CLONES bool decode_range_generic(const uint8_t* flags, const uint8_t* descs, uint64_t r,
+                                    const uint8_t* data, uint64_t pos, uint64_t n, uint64_t b0,
+                                    uint64_t b1, uint64_t W, float two_eb, float* out) {
+  return decode_blocks<false>(flags, descs, r, data, pos, n, b0, b1, W, two_eb, out);
+}
+
+#ifdef SZ_HAVE_AVX2_ENCODER
+SZ_AVX2_TARGET uint64_t encode_range_avx2(const float* in, uint64_t n, uint64_t b0, uint64_t b1,
+                                          uint64_t W, const QuantParams& qp, uint16_t* desc_full,
+                                          uint8_t* mine) {
+  return encode_blocks<true>(in, n, b0, b1, W, qp, desc_full, mine);
+}
+
+SZ_AVX2_TARGET bool decode_range_avx2(const uint8_t* flags, const uint8_t* descs, uint64_t r,
+                                      const uint8_t* data, uint64_t pos, uint64_t n, uint64_t b0,
+                                      uint64_t b1, uint64_t W, float two_eb, float* out) {
+  return decode_blocks<true>(flags, descs, r, data, pos, n, b0, b1, W, two_eb, out);
+}
 #endif
+
+uint64_t encode_range(const float* in, uint64_t n, uint64_t b0, uint64_t b1, uint64_t W,
+                      const QuantParams& qp, uint16_t* desc_full, uint8_t* mine) {
+#ifdef SZ_HAVE_AVX2_ENCODER
+  if (use_avx2()) return encode_range_avx2(in, n, b0, b1, W, qp, desc_full, mine);
+#endif
+  return encode_range_generic(in, n, b0, b1, W, qp, desc_full, mine);
+}
 
 bool decode_range(const uint8_t* flags, const uint8_t* descs, uint64_t r, const uint8_t* data,
                   uint64_t pos, uint64_t n, uint64_t b0, uint64_t b1, uint64_t W, float two_eb,
                   float* out) {
 #ifdef SZ_HAVE_AVX2_ENCODER
-  if (use_avx2())
-    return decode_range_avx2(flags, descs, r, data, pos, n, b0, b1, W, two_eb, out);
+  if (use_avx2()) return decode_range_avx2(flags, descs, r, data, pos, n, b0, b1, W, two_eb, out);
 #endif
   return decode_range_generic(flags, descs, r, data, pos, n, b0, b1, W, two_eb, out);
 }
