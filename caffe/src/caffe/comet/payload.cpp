@@ -273,9 +273,9 @@ shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, 
   bool bad = false;
   uint32_t popcount = 0;
   if (!on_device && argmax) {
-    // Sequential walk over the pooled positions, and the width's division as a multiply.
+    // Sequential walk over the pooled positions, the width's division as a multiply, and each
+    // word built in a register and stored once (every word is written).
     uint32_t* words = static_cast<uint32_t*>(p->data());
-    std::fill(words, words + nwords, 0u);
     const size_t per = 32 / bits;  // ranges of whole words: no two threads share a word
     const comet_codes::Divider by_width = comet_codes::make_divider(g.width);
     std::atomic<int> any_bad(0);
@@ -283,14 +283,20 @@ shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, 
       int ph = static_cast<int>((i0 / g.pooled_width) % g.pooled_height);
       int pw = static_cast<int>(i0 % g.pooled_width);
       int b = 0;
-      for (size_t i = i0; i < i1; ++i) {
-        uint32_t code = 0;
-        if (!comet_codes::argmax_code_fast(v[i], ph, pw, g, by_width, &code)) b = 1;
-        words[i * bits / 32] |= code << (i * bits % 32);
-        if (++pw == g.pooled_width) {
-          pw = 0;
-          if (++ph == g.pooled_height) ph = 0;
+      for (size_t w = i0 / per; w * per < i1; ++w) {  // i0 is a multiple of per
+        const size_t end = std::min(i1, (w + 1) * per);
+        uint32_t word = 0;
+        int shift = 0;
+        for (size_t i = w * per; i < end; ++i, shift += bits) {
+          uint32_t code = 0;
+          if (!comet_codes::argmax_code_fast(v[i], ph, pw, g, by_width, &code)) b = 1;
+          word |= code << shift;
+          if (++pw == g.pooled_width) {
+            pw = 0;
+            if (++ph == g.pooled_height) ph = 0;
+          }
         }
+        words[w] = word;
       }
       any_bad |= b;
     });
