@@ -46,12 +46,17 @@ COMET_HD uint32_t code_at(const uint32_t* w, size_t i, int bits) {
 // The argmax `idx` of pooled element i (flattened over planes and pooled positions) as its
 // offset in the unclamped window; false when it lies outside (upstream's -1 for a window of NaN).
 // (ph, pw): the pooled position of element i.
-COMET_HD bool argmax_code_at(int idx, int ph, int pw, const PoolGeometry& g, uint32_t* code) {
-  const int dh = (idx >= 0 ? idx / g.width : -1) - (ph * g.stride_h - g.pad_h);
-  const int dw = (idx >= 0 ? idx % g.width : -1) - (pw * g.stride_w - g.pad_w);
-  if (idx < 0 || dh < 0 || dh >= g.kernel_h || dw < 0 || dw >= g.kernel_w) return false;
+// The code of bottom position (row, col) in the window of pooled position (ph, pw).
+COMET_HD bool window_code(int row, int col, int ph, int pw, const PoolGeometry& g,
+                          uint32_t* code) {
+  const int dh = row - (ph * g.stride_h - g.pad_h);
+  const int dw = col - (pw * g.stride_w - g.pad_w);
+  if (dh < 0 || dh >= g.kernel_h || dw < 0 || dw >= g.kernel_w) return false;
   *code = static_cast<uint32_t>(dh * g.kernel_w + dw);
   return true;
+}
+COMET_HD bool argmax_code_at(int idx, int ph, int pw, const PoolGeometry& g, uint32_t* code) {
+  return idx >= 0 && window_code(idx / g.width, idx % g.width, ph, pw, g, code);
 }
 
 // n / d for 0 <= n < 2^31 and 1 <= d < 2^31 as a multiply and a shift, for the host's argmax
@@ -76,11 +81,7 @@ COMET_HD bool argmax_code_fast(int idx, int ph, int pw, const PoolGeometry& g, c
                                uint32_t* code) {
   if (idx < 0) return false;
   const int row = static_cast<int>(divide(static_cast<uint32_t>(idx), by));
-  const int dh = row - (ph * g.stride_h - g.pad_h);
-  const int dw = (idx - row * g.width) - (pw * g.stride_w - g.pad_w);
-  if (dh < 0 || dh >= g.kernel_h || dw < 0 || dw >= g.kernel_w) return false;
-  *code = static_cast<uint32_t>(dh * g.kernel_w + dw);
-  return true;
+  return window_code(row, idx - row * g.width, ph, pw, g, code);
 }
 COMET_HD bool argmax_code(int idx, size_t i, const PoolGeometry& g, uint32_t* code) {
   return argmax_code_at(idx, static_cast<int>((i / g.pooled_width) % g.pooled_height),
