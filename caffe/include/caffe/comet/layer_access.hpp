@@ -5,6 +5,7 @@
 // layers declare this class a friend (patch 0011); nothing else reaches into them.
 
 #include "caffe/comet/codes.hpp"
+#include "caffe/comet/pool.hpp"
 #include "caffe/layers/batch_norm_layer.hpp"
 #include "caffe/layers/dropout_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
@@ -86,6 +87,7 @@ class CometLayerAccess {
     CHECK(bn) << "not a BatchNorm layer";
     Blob<Dtype>& t = bn->temp_;
     const int num = t.shape(0), spatial = t.count() / (t.shape(0) * bn->channels_);
+    CometFillWhole whole(t.data().get());  // the second gemm (beta 0) writes all of it
     if (Caffe::mode() == Caffe::CPU) {
       caffe_cpu_gemm<Dtype>(CblasNoTrans, CblasNoTrans, num, bn->channels_, 1, 1,
                             bn->batch_sum_multiplier_.cpu_data(), bn->variance_.cpu_data(), 0.,
@@ -112,6 +114,7 @@ class CometLayerAccess {
     BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(batch_norm);
     CHECK(s && bn) << "not a Scale after a BatchNorm";
     CHECK_EQ(s->temp_.count(), bn->x_norm_.count()) << "Scale's input is not BatchNorm's output";
+    CometFillWhole whole(s->temp_.data().get());  // the copy writes all of it
     if (Caffe::mode() == Caffe::CPU) {
       caffe_copy(s->temp_.count(), bn->x_norm_.cpu_data(), s->temp_.mutable_cpu_data());
     } else {

@@ -33,7 +33,7 @@ struct CometLayerFacts {
   enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE, BN_TEMP, SCALE_COPY };
   CometLayerFacts()
       : known(false), lossy_input(false), adaptive(false), relu_from_mask(false),
-        private_buffer(NO_PRIVATE) {}
+        fills_whole(false), private_buffer(NO_PRIVATE) {}
 
   bool known;                    // false: no row for the class; it reads every bottom and top
   std::vector<CometRead> bottom;  // Backward's use of bottom[k]'s data
@@ -49,6 +49,10 @@ struct CometLayerFacts {
   bool adaptive;
   // ReLU: the store may compute Backward itself from the input's sign mask, bit for bit.
   bool relu_from_mask;
+  // Forward writes every value of each top it does not share with a bottom, and Backward every
+  // value of each bottom diff it propagates to (it assigns them, never adds to what is there),
+  // CPU and GPU: when the store has freed that memory, its next allocation needs no zero fill.
+  bool fills_whole;
   Private private_buffer;  // a buffer as large as an activation that the store may hold
 
   CometRead read_bottom(int k) const { return known ? bottom[k] : COMET_READS_VALUE; }

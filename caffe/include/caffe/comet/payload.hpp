@@ -40,8 +40,10 @@ class CometPayload {
   // RELEASED holds nothing: it marks memory the store freed after its last use in the training
   // step; reading it is a fatal error (or a Python exception) naming the blob and the reader.
   // IN_FLIGHT marks dense memory that the store's worker is decoding into for a later backward
-  // reader (comet { decode_ahead }): any other reader is just as fatal.
-  enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2, ARGMAX = 3, BINARY = 4, IN_FLIGHT = 5 };
+  // reader (comet { decode_ahead }): any other reader is just as fatal. FILL marks memory the
+  // store freed that the next layer's Forward or Backward writes whole (its facts say
+  // fills_whole): the first access drops it and allocates without upstream's zero fill.
+  enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2, ARGMAX = 3, BINARY = 4, IN_FLIGHT = 5, FILL = 6 };
   CometPayload(Kind kind, bool on_device, size_t count, const std::string& name);
   ~CometPayload();
 
@@ -115,6 +117,9 @@ std::string CometNum(double v);
 // Frees mem's dense buffers and marks them released (see CometPayload::RELEASED); `what` says
 // which memory it is, for the error ("data of blob 'fc8'").
 void CometMarkReleased(SyncedMemory* mem, const std::string& what);
+// Marks memory the store freed (head UNINITIALIZED, no payload or a RELEASED marker) as filled
+// whole by its next writer (CometPayload::FILL); anything else is left as it is.
+void CometMarkFill(SyncedMemory* mem);
 
 // Encoders. `data` lives on the device when on_device. Dims are N,C,H,W (innermost last).
 // EncodeMask returns NULL when the data holds NaN or Inf (a mask would lose them). A failed

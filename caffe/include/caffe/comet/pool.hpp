@@ -28,6 +28,28 @@ void CometHostPoolEnable(bool on);
 void CometGpuMalloc(void** ptr, size_t size);
 void CometGpuFree(void* ptr, size_t size);
 void CometGpuPoolEnable(bool on);
+
+class SyncedMemory;
+// Upstream zero-fills fresh host and device memory when it is first accessed. Memory that the
+// store itself fills whole the moment it is allocated (a decode, a rebuilt buffer, ReLU's
+// gradient from its mask) skips that fill: while a CometFillWhole(mem) object lives, the
+// allocation of `mem` on this thread is not zeroed (patch 0026). Scopes nest; the innermost one
+// names the memory. Memory that a layer's Forward or Backward will fill whole carries a FILL
+// marker instead (payload.hpp), set by the store only on memory it freed itself.
+class CometFillWhole {
+ public:
+  explicit CometFillWhole(const SyncedMemory* mem);
+  ~CometFillWhole();
+
+ private:
+  const SyncedMemory* previous_;
+};
+// Whether `mem`'s allocation now, on this thread, is one that a CometFillWhole covers or that
+// its FILL marker announced (CometRestore, called by the same to_cpu/to_gpu just before).
+bool CometFillsWhole(const SyncedMemory* mem);
+// CometRestore's half: the allocation of `mem` that follows at once is filled whole.
+void CometFillNext(const SyncedMemory* mem);
+
 struct CometPoolStats {
   size_t in_use, cached, peak_in_use;  // bytes
   size_t hits, misses, evicted;        // allocations served from the pool, not; blocks freed

@@ -71,6 +71,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   void AfterForward(int layer);
   void BeforeBackward(int layer);
   void AfterBackward(int layer);
+  void DropFillMarkers(int layer, bool diff);
   SyncedMemory* PrivateBuffer(const Entry& e) const;
   SyncedMemory* EntryMemory(const Entry& e) const;  // the memory an entry stores
   void StorePrivate(Entry* e);

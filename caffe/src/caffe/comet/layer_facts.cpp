@@ -3,6 +3,7 @@
 // data, and which memory it shares; test_comet_facts.cpp checks every row by running the layer
 // with everything the row calls unread poisoned (NaN, or freed) and comparing the diffs bit for bit.
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -274,6 +275,24 @@ void CuDNNReLURow(const Layer<Dtype>& l, const CometLayerShape& s, CometLayerFac
   else ReadsBoth<Dtype>(l, s, f);
 }
 
+// The classes whose facts say fills_whole (layer_facts.hpp): the layers that hold most of a
+// CNN's activations. Exact classes, not their subclasses (a cuDNN engine writes through cuDNN's
+// own calls). test_comet_facts.cpp fills that memory with NaN before Forward and Backward and
+// requires the same results.
+template <typename Dtype>
+bool FillsWhole(const Layer<Dtype>& layer) {
+  static const std::set<std::string> classes = {
+      typeid(ConvolutionLayer<Dtype>).name(), typeid(InnerProductLayer<Dtype>).name(),
+      typeid(ReLULayer<Dtype>).name(),        typeid(PoolingLayer<Dtype>).name(),
+      typeid(LRNLayer<Dtype>).name(),         typeid(BatchNormLayer<Dtype>).name(),
+      typeid(ScaleLayer<Dtype>).name(),       typeid(EltwiseLayer<Dtype>).name(),
+      typeid(ConcatLayer<Dtype>).name(),      typeid(SplitLayer<Dtype>).name(),
+      typeid(DropoutLayer<Dtype>).name(),     typeid(SigmoidLayer<Dtype>).name(),
+      typeid(TanHLayer<Dtype>).name(),        typeid(SoftmaxLayer<Dtype>).name(),
+      typeid(SoftmaxWithLossLayer<Dtype>).name()};
+  return classes.count(typeid(layer).name()) > 0;
+}
+
 }  // namespace
 
 template <typename Dtype>
@@ -310,6 +329,7 @@ CometLayerFacts CometFactsRegistry<Dtype>::Of(const Layer<Dtype>& layer,
   s.tops = top.size();
   s.in_place = !bottom.empty() && !top.empty() && bottom[0] == top[0];
   f.known = true;
+  f.fills_whole = FillsWhole(layer);
   it->second.describe(layer, s, &f);
   return f;
 }

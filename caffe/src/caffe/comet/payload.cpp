@@ -455,11 +455,20 @@ void CometMarkReleased(SyncedMemory* mem, const std::string& what) {
                                               mem->size() / sizeof(float), what));
 }
 
+void CometMarkFill(SyncedMemory* mem) {
+  if (mem->head() != SyncedMemory::UNINITIALIZED) return;
+  const shared_ptr<CometPayload>& held = mem->comet_payload();
+  if (held && held->kind() != CometPayload::RELEASED) return;
+  static const shared_ptr<CometPayload> fill(new CometPayload(CometPayload::FILL, false, 0, ""));
+  mem->comet_payload() = fill;
+}
+
 bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
   if (p.kind() == CometPayload::ARGMAX || p.kind() == CometPayload::BINARY)
     return DecodeCodes(p, static_cast<int32_t*>(dense), error);
   float* out = static_cast<float*>(dense);
-  if (p.kind() == CometPayload::RELEASED || p.kind() == CometPayload::IN_FLIGHT) {
+  if (p.kind() == CometPayload::RELEASED || p.kind() == CometPayload::IN_FLIGHT ||
+      p.kind() == CometPayload::FILL) {
     *error = "the memory was freed; nothing holds its content";
     return false;
   }
@@ -548,9 +557,11 @@ void FatalUnforeseenRead(const std::string& state, const char* reads, const char
 }  // namespace
 
 void* CometDenseFor(SyncedMemory* mem, const CometPayload& p) {
-  void* out = p.on_device() ? mem->mutable_gpu_data() : mem->mutable_cpu_data();
   CHECK_GE(mem->size(), p.dense_bytes()) << "COMET: blob " << p.name() << " shrank";
-  return out;
+  // The decode writes every byte of a memory of exactly its size: upstream's zero fill of the
+  // fresh buffer would be a second pass over it for nothing.
+  CometFillWhole whole(mem->size() == p.dense_bytes() ? mem : NULL);
+  return p.on_device() ? mem->mutable_gpu_data() : mem->mutable_cpu_data();
 }
 
 void CometFatalCorrupt(const std::string& blob, const std::string& error) {
@@ -560,6 +571,12 @@ void CometFatalCorrupt(const std::string& blob, const std::string& error) {
 
 void CometRestore(SyncedMemory* mem) {
   const CometPayload& held = *mem->comet_payload();
+  if (held.kind() == CometPayload::FILL) {
+    // The writer the marker was set for: its allocation, which follows at once, is not zeroed.
+    if (mem->head() == SyncedMemory::UNINITIALIZED) CometFillNext(mem);
+    mem->comet_payload().reset();
+    return;
+  }
   if (held.kind() == CometPayload::RELEASED) {
     // The payload stays attached: every later read fails the same way until a forward writes it.
     FatalUnforeseenRead("the " + held.name() + " was freed after its last use in the training "
@@ -583,7 +600,14 @@ void CometRestore(SyncedMemory* mem) {
   const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   void* out = CometDenseFor(mem, *p);
   std::string error;
-  if (!CometDecode(*p, out, &error)) CometFatalCorrupt(p->name(), error);
+  if (!CometDecode(*p, out, &error)) {
+    // What the failed decode left is not the blob's data: freed again, and the payload back on,
+    // so that a reader who catches the error (pycaffe) and reads again fails the same way.
+    mem->comet_release();
+    mem->comet_payload() = p;
+    CometFatalCorrupt(p->name(), error);
+    return;
+  }
   if (p->timing) p->timing->DecodedInStep(CometMsSince(start));  // the reader waited for it
 }
 

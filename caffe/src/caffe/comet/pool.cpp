@@ -35,6 +35,25 @@ bool HostPoolApplies(size_t size) {
 
 }  // namespace
 
+namespace {
+// This thread's memory whose allocation now is filled whole: a CometFillWhole's, and the one a
+// FILL marker announced (consumed by that allocation).
+thread_local const SyncedMemory* g_fills_whole = NULL;
+thread_local const SyncedMemory* g_fill_next = NULL;
+}  // namespace
+
+CometFillWhole::CometFillWhole(const SyncedMemory* mem) : previous_(g_fills_whole) {
+  g_fills_whole = mem;
+}
+CometFillWhole::~CometFillWhole() { g_fills_whole = previous_; }
+void CometFillNext(const SyncedMemory* mem) { g_fill_next = mem; }
+bool CometFillsWhole(const SyncedMemory* mem) {
+  if (!mem) return false;
+  const bool next = mem == g_fill_next;
+  g_fill_next = NULL;
+  return next || mem == g_fills_whole;
+}
+
 void CometHostPoolEnable(bool on) {
   BlockPool& pool = HostPool();
   boost::mutex::scoped_lock lock(pool.mutex);

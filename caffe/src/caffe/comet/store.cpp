@@ -439,6 +439,23 @@ void CometStore<Dtype>::BeforeForward(int layer) {
       if (diff && diff->comet_payload()) diff->comet_payload().reset();
     }
   }
+  // A layer that writes all of its own tops: memory of theirs the store freed is not zeroed
+  // before it does (upstream zero-fills fresh memory; COMET off allocates it only once).
+  for (int k = 0; k < ids.size() && plan_.facts[layer].fills_whole; ++k)
+    CometMarkFill(net_->blobs()[ids[k]]->data().get());
+}
+
+// Drops FILL markers that a layer's Forward (Backward) left untouched: no later access may skip
+// the zero fill because of them.
+template <typename Dtype>
+void CometStore<Dtype>::DropFillMarkers(int layer, bool diff) {
+  const std::vector<Blob<Dtype>*>& blobs =
+      diff ? net_->bottom_vecs()[layer] : net_->top_vecs()[layer];
+  for (int k = 0; k < blobs.size(); ++k) {
+    SyncedMemory* mem = (diff ? blobs[k]->diff() : blobs[k]->data()).get();
+    if (mem && mem->comet_payload() && mem->comet_payload()->kind() == CometPayload::FILL)
+      mem->comet_payload().reset();
+  }
 }
 
 template <typename Dtype>
@@ -530,6 +547,7 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
 
 template <typename Dtype>
 void CometStore<Dtype>::AfterForward(int layer) {
+  DropFillMarkers(layer, false);
   CheckSharing(layer, false);
   if (worker_) Harvest();
   const std::vector<int>& todo = plan_.after_forward[layer];
@@ -605,11 +623,16 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     for (int k = 0; k < wait.size(); ++k) Await(wait[k]);
     Harvest();
   }
-  // This backward writes its bottoms' diffs: markers of freed diffs are dropped, not "read".
+  // This backward writes its bottoms' diffs: markers of freed diffs are dropped, not "read";
+  // those it writes whole (not shared with a top's, as in place) are not zeroed first.
   const std::vector<Blob<Dtype>*>& bottoms = net_->bottom_vecs()[layer];
+  const std::vector<Blob<Dtype>*>& tops = net_->top_vecs()[layer];
   for (int k = 0; k < bottoms.size(); ++k) {
     SyncedMemory* diff = bottoms[k]->diff().get();
     if (diff->comet_payload()) diff->comet_payload().reset();
+    bool whole = plan_.facts[layer].fills_whole && net_->bottom_need_backward()[layer][k];
+    for (int t = 0; t < tops.size() && whole; ++t) whole = tops[t]->diff().get() != diff;
+    if (whole) CometMarkFill(diff);
   }
   const std::vector<int>& own = plan_.private_of_layer[layer];
   for (int k = 0; k < own.size(); ++k) {
@@ -658,6 +681,7 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
   const bool dev = mask->on_device();
   const Clock::time_point start = Clock::now();
   const float* top_diff = reinterpret_cast<const float*>(dev ? top->gpu_diff() : top->cpu_diff());
+  CometFillWhole whole(bottom->diff().get());  // CometReluBackward writes every value
   float* bottom_diff = reinterpret_cast<float*>(dev ? bottom->mutable_gpu_diff()
                                                     : bottom->mutable_cpu_diff());
   std::string error;
@@ -674,6 +698,7 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
 
 template <typename Dtype>
 void CometStore<Dtype>::AfterBackward(int layer) {
+  DropFillMarkers(layer, true);
   CheckSharing(layer, true);
   if (worker_) Harvest();
   // A decode during this backward (a restore) held device scratch for a moment: noted on top of

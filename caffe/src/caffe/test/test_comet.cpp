@@ -1177,6 +1177,74 @@ TEST_F(CometPayloadTest, HostPoolReusesFreedBlocksWithinThePeak) {
   CometHostPoolEnable(false);
 }
 
+// Fresh memory is zeroed as upstream does, except the memory a CometFillWhole scope names on
+// this thread (the store's decodes and rebuilds write all of it): that one keeps what its pool
+// block held. A decode into such memory restores the blob whole; a failed one leaves nothing
+// readable behind.
+TEST_F(CometPayloadTest, OnlyMemoryTheStoreFillsWholeSkipsTheZeroFill) {
+  const size_t n = (2 << 20) / sizeof(float);
+  CometHostPoolEnable(true);
+  const auto fill_and_release = [n](SyncedMemory* m) {
+    float* p = static_cast<float*>(m->mutable_cpu_data());
+    std::fill(p, p + n, 7.f);
+    return std::make_pair(p, m->comet_release());
+  };
+  SyncedMemory a(n * sizeof(float)), b(n * sizeof(float)), c(n * sizeof(float));
+  const float* block = fill_and_release(&a).first;
+  {
+    CometFillWhole whole(&b);
+    const float* p = static_cast<const float*>(b.mutable_cpu_data());
+    ASSERT_EQ(p, block);  // the pool's block, as it was left
+    EXPECT_EQ(p[0], 7.f);
+    EXPECT_EQ(p[n - 1], 7.f);
+    EXPECT_TRUE(CometFillsWhole(&b));
+    EXPECT_FALSE(CometFillsWhole(&c));
+    // another memory allocated inside the scope is zeroed
+    fill_and_release(&b);
+    const float* q = static_cast<const float*>(c.cpu_data());
+    ASSERT_EQ(q, block);
+    EXPECT_EQ(*std::max_element(q, q + n), 0.f);
+  }
+  EXPECT_FALSE(CometFillsWhole(&b));
+  fill_and_release(&c);
+  const float* z = static_cast<const float*>(b.cpu_data());  // the scope is gone: zeroed
+  ASSERT_EQ(z, block);
+  EXPECT_EQ(*std::max_element(z, z + n), 0.f);
+  EXPECT_EQ(*std::min_element(z, z + n), 0.f);
+
+  // A restore decodes into the stale block: every value comes from the payload.
+  Blob<float> blob(4, 8, 128, 128);
+  ASSERT_EQ(static_cast<size_t>(blob.count()), n);
+  FillActivations(&blob, 0.5f, 1.f, 11);
+  std::fill(blob.mutable_cpu_data(), blob.mutable_cpu_data() + n / 4, 0.f);  // sz's zero blocks
+  std::vector<float> orig(blob.cpu_data(), blob.cpu_data() + n);
+  shared_ptr<CometPayload> p = CometEncodeLossy(blob.cpu_data(), blob.shape(), false, 1e-3, "x");
+  blob.data()->comet_release();  // its block goes to the pool holding the blob's values
+  const float* other = fill_and_release(&c).first;  // that block, now holding 7s
+  const float* first = fill_and_release(&b).first;  // and the first one, 7s too
+  blob.data()->comet_payload() = p;
+  const float* back = blob.cpu_data();
+  ASSERT_TRUE(back == other || back == first);
+  EXPECT_LE(MaxAbsDiff(orig.data(), back, n), 1e-3);
+  EXPECT_GT(std::count(back, back + n, 0.f), static_cast<std::ptrdiff_t>(n / 4));
+  // A corrupt payload read from pycaffe (an exception): the memory is not left holding what the
+  // failed decode wrote; a second read fails the same way.
+  shared_ptr<CometPayload> bad = CometEncodeLossy(orig.data(), blob.shape(), false, 1e-3, "x7");
+  static_cast<uint8_t*>(bad->data())[bad->bytes() / 2] ^= 0xff;
+  blob.data()->comet_release();
+  blob.data()->comet_payload() = bad;
+  CometSetFatalThrows(true);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_THROW(blob.cpu_data(), std::runtime_error) << "attempt " << attempt;
+    EXPECT_EQ(blob.data()->head(), SyncedMemory::UNINITIALIZED);
+    EXPECT_TRUE(blob.data()->comet_payload() == bad);
+  }
+  CometSetFatalThrows(false);
+  blob.data()->comet_payload().reset();
+  b.comet_release();
+  CometHostPoolEnable(false);
+}
+
 // The device pool reuses blocks of the same size only; driven here with made-up addresses.
 std::vector<void*> fake_blocks_freed;
 void FakeFree(void* ptr, size_t) { fake_blocks_freed.push_back(ptr); }

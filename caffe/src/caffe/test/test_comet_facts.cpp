@@ -322,6 +322,7 @@ std::map<std::string, std::string> Unchecked() {
 }
 
 struct Outcome {
+  std::vector<std::vector<char> > tops;   // the tops' data after Forward
   std::vector<std::vector<char> > diffs;  // bottom diffs that propagate, then parameter diffs
   std::string error;                      // a read of freed memory
   std::string cls;                        // the C++ class the configuration built
@@ -366,8 +367,23 @@ Outcome RunConfig(const FactConfig& c, Poison poison, CometLayerFacts* facts_out
   Caffe::set_random_seed(1701);
   shared_ptr<Layer<float> > layer = c.make ? c.make(lp) : LayerRegistry<float>::CreateLayer(lp);
   layer->SetUp(bottom, top);
+  // A row that says fills_whole: its own tops start as NaN, not zeros (as memory the store
+  // freed does), and must come out as in a clean run.
+  const bool fills = CometFactsRegistry<float>::Of(*layer, bottom, top).fills_whole;
+  // (Memory a top shares with a bottom, in place or as a view, is the bottom's: not poisoned.)
+  std::set<const SyncedMemory*> bottom_data;
+  for (int k = 0; k < bottom.size(); ++k) bottom_data.insert(bottom[k]->data().get());
+  for (int k = 0; k < top.size() && fills && poison == NAN_FILL; ++k) {
+    if (bottom_data.count(top[k]->data().get())) continue;
+    caffe_set(top[k]->count(), std::numeric_limits<float>::quiet_NaN(), top[k]->mutable_cpu_data());
+  }
   Caffe::set_random_seed(2024);
   layer->Forward(bottom, top);
+  Outcome out;
+  for (int k = 0; k < top.size(); ++k) {
+    const char* d = reinterpret_cast<const char*>(top[k]->cpu_data());
+    out.tops.push_back(std::vector<char>(d, d + top[k]->count() * sizeof(float)));
+  }
   for (int k = 0; k < top.size(); ++k) {
     float* d = top[k]->mutable_cpu_diff();
     for (int i = 0; i < top[k]->count(); ++i) d[i] = Uniform(&state, -1, 1);
@@ -408,7 +424,14 @@ Outcome RunConfig(const FactConfig& c, Poison poison, CometLayerFacts* facts_out
       }
     }
   }
-  Outcome out;
+  // ... and the bottom diffs it propagates to, unless a top shares one (in place).
+  for (int k = 0; k < bottom.size() && fills && poison == NAN_FILL; ++k) {
+    bool shared = !c.propagate[k];
+    for (int t = 0; t < top.size(); ++t) shared = shared || top[t]->diff() == bottom[k]->diff();
+    if (shared) continue;
+    caffe_set(bottom[k]->count(), std::numeric_limits<float>::quiet_NaN(),
+              bottom[k]->mutable_cpu_diff());
+  }
   out.cls = typeid(*layer).name();
   CometSetReadContext("the Backward of " + c.name + " under test");
   try {
@@ -434,7 +457,7 @@ std::string Describe(const FactConfig& c, const CometLayerFacts& f) {
   for (int k = 0; k < f.bottom.size(); ++k) os << (k ? " " : "") << f.read_bottom(k);
   os << "] top [";
   for (int k = 0; k < f.top.size(); ++k) os << (k ? " " : "") << f.read_top(k);
-  os << "] (0 nothing, 1 sign, 2 values)";
+  os << "] (0 nothing, 1 sign, 2 values)" << (f.fills_whole ? ", fills_whole" : "");
   return os.str();
 }
 
@@ -495,6 +518,14 @@ int CheckRows(const Configs& configs, const char* where) {
       if (!got.error.empty()) continue;
       EXPECT_EQ(clean.diffs.size(), got.diffs.size());
       if (clean.diffs.size() != got.diffs.size()) continue;
+      for (int t = 0; t < clean.tops.size(); ++t) {
+        bool nf = false;
+        MaxAbsDiff(clean.tops[t], got.tops[t], &nf);
+        EXPECT_TRUE(exact ? clean.tops[t] == got.tops[t] : !nf)
+            << where << ": " << Describe(c, facts) << ": with " << how << " memory, top " << t
+            << " after Forward differs from a clean run" << (facts.fills_whole ? " (the row says "
+            "fills_whole: Forward must write all of its tops)" : "");
+      }
       for (int d = 0; d < clean.diffs.size(); ++d) {
         if (exact) {
           EXPECT_TRUE(clean.diffs[d] == got.diffs[d])
@@ -662,7 +693,9 @@ TEST_F(CometFactsTest, ASubclassReadsEverything) {
   EXPECT_EQ(f.read_bottom(0), COMET_READS_VALUE);
   EXPECT_EQ(f.read_top(0), COMET_READS_VALUE);
   EXPECT_FALSE(f.relu_from_mask);
+  EXPECT_FALSE(f.fills_whole);  // nor the promise to write all of its top and bottom diff
   EXPECT_EQ(CometFactsRegistry<float>::Of(relu, bottom, top).read_bottom(0), COMET_READS_SIGN);
+  EXPECT_TRUE(CometFactsRegistry<float>::Of(relu, bottom, top).fills_whole);
 }
 
 }  // namespace caffe
