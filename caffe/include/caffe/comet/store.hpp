@@ -89,6 +89,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   void Harvest();                         // finishes what has run, without waiting
   void FinishAll();
   void DecodeAhead(int layer);            // the stored inputs of the next backward layers
+  bool PoolHasRoomFor(size_t bytes) const;  // below the host pool's peak in use
 
   Solver<Dtype>* solver_;
   Net<Dtype>* net_;

@@ -161,6 +161,8 @@ void BatchNormRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* 
   f->private_buffer = CometLayerFacts::BN_TEMP;
 }
 
+// ACROSS_CHANNELS on the CPU computes its output again from its input and scale_ (patch 0027)
+// and reads no top; on the GPU it reads it.
 template <typename Dtype>
 void LRNRow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
   All(&f->bottom, COMET_READS_VALUE);
@@ -168,6 +170,7 @@ void LRNRow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
   if (l.layer_param().lrn_param().norm_region() == LRNParameter_NormRegion_ACROSS_CHANNELS) {
     f->lossy_input = true;  // the bound derivation of docs/comet.md covers this form only
     f->private_buffer = CometLayerFacts::LRN_SCALE;
+    if (Caffe::mode() == Caffe::CPU) All(&f->top, COMET_READS_NOTHING);
   }
 }
 

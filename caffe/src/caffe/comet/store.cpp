@@ -245,7 +245,9 @@ void CometStore<Dtype>::Start(const shared_ptr<Job>& job, bool on_worker) {
     Finish(job.get());
     return;
   }
-  while (!jobs_.empty() && in_flight_ + job->bytes > max_in_flight_) Await(jobs_.front());
+  // An encode past the cap waits for the oldest job; a decode ahead was let through (DecodeAhead).
+  while (job->what == Job::ENCODE && !jobs_.empty() && in_flight_ + job->bytes > max_in_flight_)
+    Await(jobs_.front());
   in_flight_ += job->bytes;
   Job* raw = job.get();  // jobs_ keeps it until it is finished, after its work ran
   job->ticket = worker_->Submit([raw] { raw->Run(); });
@@ -310,6 +312,13 @@ void CometStore<Dtype>::Finish(Job* job) {
 }
 
 template <typename Dtype>
+bool CometStore<Dtype>::PoolHasRoomFor(size_t bytes) const {
+  if (!param_.memory_pool() || Caffe::mode() != Caffe::CPU) return false;
+  const CometPoolStats s = CometHostPoolQuery();
+  return s.in_use + bytes <= s.peak_in_use;
+}
+
+template <typename Dtype>
 void CometStore<Dtype>::DecodeAhead(int layer) {
   if (!worker_ || param_.decode_ahead() == 0) return;
   const std::vector<int>& now = plan_.backward_reads[layer];
@@ -326,8 +335,11 @@ void CometStore<Dtype>::DecodeAhead(int layer) {
       const shared_ptr<CometPayload> p = mem->comet_payload();
       // Dense (kept, or restored already), on its way, or on the GPU: nothing to start.
       if (!p || p != e.stored || p->on_device() || p->kind() == CometPayload::MASK) continue;
-      // Past the cap it is decoded on demand, as without decode_ahead: no waiting here.
-      if (in_flight_ + mem->size() > max_in_flight_) return;
+      // Past the cap it is decoded on demand, as without decode_ahead (no waiting here), unless
+      // the host pool has room for it below its peak in use: the memory a backward pass has
+      // freed again, resident anyway, not more (a decode ahead of both of LRN's 77 MB inputs
+      // in GoogLeNet at batch 32, past the cap of its largest blob).
+      if (in_flight_ + mem->size() > max_in_flight_ && !PoolHasRoomFor(mem->size())) continue;
       mem->comet_payload().reset();
       void* out = CometDenseFor(mem, *p);  // a host payload: host memory
       mem->comet_payload().reset(new CometPayload(CometPayload::IN_FLIGHT, false, 0,
@@ -642,7 +654,20 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     // restored input; the output it rewrites is what the backward reads too). Without
     // recompute_lrn this happens only for a second backward after one forward.
     const Clock::time_point start = Clock::now();
-    net_->layers()[layer]->Forward(net_->bottom_vecs()[layer], net_->top_vecs()[layer]);
+    // An output no backward reads (LRN's CPU backward computes it again) was freed: the
+    // forward writes it once more, and it is freed again after.
+    std::vector<std::pair<SyncedMemory*, std::string> > freed;
+    const std::vector<Blob<Dtype>*>& outs = net_->top_vecs()[layer];
+    for (int t = 0; t < outs.size(); ++t) {
+      SyncedMemory* mem = outs[t]->data().get();
+      const shared_ptr<CometPayload>& held = mem->comet_payload();
+      if (!held || held->kind() != CometPayload::RELEASED) continue;
+      mem->comet_payload().reset();
+      freed.push_back(std::make_pair(mem, "data of blob '" +
+                                              net_->blob_names()[net_->top_ids(layer)[t]] + "'"));
+    }
+    net_->layers()[layer]->Forward(net_->bottom_vecs()[layer], outs);
+    for (int t = 0; t < freed.size(); ++t) CometMarkReleased(freed[t].first, freed[t].second);
     const double ms = CometMsSince(start);
     e.encode_ms += ms;
     e.timing->wait_ms += ms;

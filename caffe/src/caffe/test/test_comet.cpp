@@ -1530,6 +1530,59 @@ TEST_F(CometStoreTest, ResidualBlockTrainsBitIdenticallyWithExactStages) {
 
 // Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
 // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
+// GoogLeNet's conv2/norm2: an LRN whose output only max pooling reads. LRN's CPU backward
+// computes its output again (patch 0027), so nothing keeps it: freed after the pooling's
+// forward, and training is bit for bit COMET off's, with LRN's scale kept or recomputed.
+TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
+  const std::string net =
+      "name: 'lrn_pool' "
+      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "  dummy_data_param { shape { dim: 4 dim: 3 dim: 12 dim: 12 } shape { dim: 4 } "
+      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 2 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "  convolution_param { num_output: 6 kernel_size: 3 "
+      "    weight_filler { type: 'gaussian' std: 0.2 } bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'norm1' type: 'LRN' bottom: 'conv1' top: 'norm1' "
+      "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 } } "
+      "layer { name: 'pool1' type: 'Pooling' bottom: 'norm1' top: 'pool1' "
+      "  pooling_param { pool: MAX kernel_size: 3 stride: 2 } } "
+      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'pool1' top: 'ip1' "
+      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip1' bottom: 'label' top: 'loss' } ";
+  const char* comet[] = {"", "comet { compress_type: 'None' }",
+                         "comet { compress_type: 'None' recompute_lrn: true }"};
+  std::vector<float> params[3];
+  for (int k = 0; k < 3; ++k) {
+    SolverParameter sp;
+    CHECK(google::protobuf::TextFormat::ParseFromString(
+        "base_lr: 0.05 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
+        "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet[k], &sp));
+    CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
+    shared_ptr<Solver<float> > solver(SolverRegistry<float>::CreateSolver(sp));
+    Run(solver.get(), 5);
+    params[k] = Params(solver.get());
+    ASSERT_EQ(params[k].size(), params[0].size());
+    for (int i = 0; i < params[k].size(); ++i) ASSERT_EQ(params[0][i], params[k][i]) << comet[k];
+    if (k == 0) continue;
+    const CometStore<float>* store = solver->comet();
+    const int norm1 = solver->net()->layer_names().size() - 4;  // data conv1 relu1 norm1 ...
+    ASSERT_EQ(solver->net()->layer_names()[norm1], "norm1");
+    bool freed = false;
+    for (int e = 0; e < store->entries().size(); ++e) {
+      const CometStore<float>::Entry& en = store->entries()[e];
+      if (en.blob != "norm1") continue;
+      EXPECT_EQ(en.action, CometStore<float>::RELEASE) << comet[k];
+      freed = true;
+    }
+    EXPECT_TRUE(freed) << comet[k];
+    // between forward and backward norm1's output holds nothing; a read says so
+    solver->net()->Forward();
+    EXPECT_EQ(solver->net()->blob_by_name("norm1")->data()->head(), SyncedMemory::UNINITIALIZED);
+    solver->net()->Backward();
+  }
+}
+
 TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
 
 // comet { async }: encodes on the store's worker beside the forward pass, decodes started a
