@@ -1648,9 +1648,13 @@ TEST_F(CometStoreTest, AsyncWorkTrainsBitIdenticallyToWorkInTheStep) {
       lossy.insert(es[e].blob);
       EXPECT_GT(es[e].last_encode_ms, 0) << es[e].blob;
       EXPECT_GT(es[e].last_decode_ms, 0) << es[e].blob;
-      if (k == 0) {
+      // (ReLU's gradient from the sign mask is codec time but no wait: it replaces ReLU's.)
+      if (k == 0 && !es[e].signs) {
         EXPECT_NEAR(es[e].last_wait_ms, es[e].last_encode_ms + es[e].last_decode_ms,
                     1e-6 * es[e].last_ms) << es[e].blob;
+      } else if (k == 0) {
+        EXPECT_LE(es[e].last_wait_ms, es[e].last_encode_ms + es[e].last_decode_ms + 1e-6)
+            << es[e].blob;
       }
     }
   }
