@@ -270,15 +270,24 @@ double CometBounds<Dtype>::DriftMargin(int b, const Ladder& now, double grad_rms
 // exact, or recomputed from the lossy input; recompute_lrn adds that term, not estimated here.)
 template <typename Dtype>
 double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
-  const LRNParameter& p = net_->layers()[layer]->layer_param().lrn_param();
+  Layer<Dtype>* l = net_->layers()[layer].get();
+  const LRNParameter& p = l->layer_param().lrn_param();
   const Blob<Dtype>* x = net_->bottom_vecs()[layer][0];
   const Blob<Dtype>* y = net_->top_vecs()[layer][0];
   const Dtype* xd = x->cpu_data();
-  const Dtype* yd = y->cpu_data();
   const Dtype* dy = y->cpu_diff();
+  // An output no backward reads was freed (LRN's CPU backward computes it again, patch 0027):
+  // y = x s^-beta from the scale, as Forward computed it.
+  const shared_ptr<CometPayload>& held = y->data()->comet_payload();
+  const bool freed = held ? held->kind() == CometPayload::RELEASED
+                          : y->data()->head() == SyncedMemory::UNINITIALIZED;
+  const Dtype* yd = freed ? NULL : y->cpu_data();
+  const Dtype* sd = freed ? CometLayerAccess<Dtype>::lrn_scale(l)->cpu_data() : NULL;
+  const float minus_beta = -p.beta();
   double dyy = 0, xx = 0, dd = 0;
   for (int i = 0; i < y->count(); ++i) {
-    const double g = dy[i], v = yd[i], u = xd[i];
+    const double g = dy[i], u = xd[i];
+    const double v = freed ? xd[i] * std::pow(static_cast<float>(sd[i]), minus_beta) : yd[i];
     dyy += g * g * v * v;
     xx += u * u;
     dd += g * g;

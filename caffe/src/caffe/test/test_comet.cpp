@@ -1327,12 +1327,18 @@ class CometStoreTest : public ::testing::Test {
   }
 
   shared_ptr<Solver<float> > MakeSolver(const std::string& comet) {
+    return SolverFor(Net(), comet, "0.01");
+  }
+
+  // An SGD solver of `net` (text) with base_lr `lr` and the `comet` block (text, or "").
+  shared_ptr<Solver<float> > SolverFor(const std::string& net, const std::string& comet,
+                                       const char* lr = "0.05") {
     SolverParameter sp;
     const std::string text =
-        "base_lr: 0.01 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
-        "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet;
+        std::string("base_lr: ") + lr + " momentum: 0.9 lr_policy: 'fixed' max_iter: 100 "
+        "display: 1 random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet;
     CHECK(google::protobuf::TextFormat::ParseFromString(text, &sp));
-    CHECK(google::protobuf::TextFormat::ParseFromString(Net(), sp.mutable_net_param()));
+    CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
     return shared_ptr<Solver<float> >(SolverRegistry<float>::CreateSolver(sp));
   }
 
@@ -1376,12 +1382,7 @@ class CometStoreTest : public ::testing::Test {
     shared_ptr<Solver<float> > solvers[2];
     const char* comet[] = {"", "comet { compress_type: 'None' recompute_lrn: true }"};
     for (int k = 0; k < 2; ++k) {
-      SolverParameter sp;
-      CHECK(google::protobuf::TextFormat::ParseFromString(
-          "base_lr: 0.05 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
-          "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet[k], &sp));
-      CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
-      solvers[k].reset(SolverRegistry<float>::CreateSolver(sp));
+      solvers[k] = SolverFor(net, comet[k]);
       Run(solvers[k].get(), 6);
     }
     const std::vector<float> a = Params(solvers[0].get()), b = Params(solvers[1].get());
@@ -1554,12 +1555,7 @@ TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
                          "comet { compress_type: 'None' recompute_lrn: true }"};
   std::vector<float> params[3];
   for (int k = 0; k < 3; ++k) {
-    SolverParameter sp;
-    CHECK(google::protobuf::TextFormat::ParseFromString(
-        "base_lr: 0.05 momentum: 0.9 lr_policy: 'fixed' max_iter: 100 display: 1 "
-        "random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet[k], &sp));
-    CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
-    shared_ptr<Solver<float> > solver(SolverRegistry<float>::CreateSolver(sp));
+    shared_ptr<Solver<float> > solver = SolverFor(net, comet[k]);
     Run(solver.get(), 5);
     params[k] = Params(solver.get());
     ASSERT_EQ(params[k].size(), params[0].size());
@@ -1580,6 +1576,26 @@ TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
     solver->net()->Forward();
     EXPECT_EQ(solver->net()->blob_by_name("norm1")->data()->head(), SyncedMemory::UNINITIALIZED);
     solver->net()->Backward();
+  }
+  // Stored lossy with adaptive bounds, LRN's own rule measures its error from the output it
+  // computes from the scale (the freed output is not read), with the scale kept or recomputed.
+  const char* adaptive[] = {"comet { eb_mode: ADAPTIVE update_interval: 2 }",
+                            "comet { eb_mode: ADAPTIVE update_interval: 2 recompute_lrn: true }"};
+  for (int k = 0; k < 2; ++k) {
+    shared_ptr<Solver<float> > solver = SolverFor(net, adaptive[k]);
+    CometSetFatalThrows(true);
+    std::string error;
+    try {
+      Run(solver.get(), 5);
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    }
+    CometSetFatalThrows(false);
+    EXPECT_EQ(error, "") << adaptive[k];
+    EXPECT_TRUE(std::isfinite(solver->net()->blob_by_name("loss")->cpu_data()[0])) << adaptive[k];
+    const float eb = solver->comet()->bound("norm1");
+    EXPECT_TRUE(eb > 0 && std::isfinite(eb)) << adaptive[k] << ": " << eb;
+    EXPECT_NE(eb, 1e-3f) << adaptive[k] << ": LRN's bound never adapted";
   }
 }
 
