@@ -228,20 +228,22 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
   // same stored blob, or LRN's output (norm1 -> conv2 in CaffeNet; LRN's CPU backward reads its
   // input only, patch 0027); without one (GoogLeNet's norm2, followed by max pooling) its own
   // rule sets it.
-  const std::vector<int> no_bounds;
+  const auto adaptive_in = [&plan](const std::vector<int>& ls) {  // the last one, or -1
+    int adaptive = -1;
+    for (int k = 0; k < ls.size(); ++k) {
+      const CometPlanBound& bd = plan.bounds[ls[k]];
+      if (bd.adapt && bd.rule == CometPlanBound::WEIGHT_GRADIENT) adaptive = ls[k];
+    }
+    return adaptive;
+  };
   for (int e = 0; e < plan.entries.size(); ++e) {
     const std::vector<int>& ls = plan.entries[e].eb_layers;
     for (int k = 0; k < ls.size(); ++k) {
       CometPlanBound& lrn = plan.bounds[ls[k]];
       if (lrn.rule != CometPlanBound::LRN || lrn.fixed || lrn.follow >= 0) continue;
+      lrn.follow = adaptive_in(ls);
       const int out = plan.entry_of_blob[net.top_ids(lrn.layer_id)[0]];
-      const std::vector<int>* sets[] = {&ls, out >= 0 ? &plan.entries[out].eb_layers : &no_bounds};
-      for (int s = 0; s < 2 && lrn.follow < 0; ++s) {
-        for (int j = 0; j < sets[s]->size(); ++j) {
-          const CometPlanBound& bd = plan.bounds[(*sets[s])[j]];
-          if (bd.adapt && bd.rule == CometPlanBound::WEIGHT_GRADIENT) lrn.follow = (*sets[s])[j];
-        }
-      }
+      if (lrn.follow < 0 && out >= 0) lrn.follow = adaptive_in(plan.entries[out].eb_layers);
     }
   }
 

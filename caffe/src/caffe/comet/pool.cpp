@@ -33,9 +33,6 @@ bool HostPoolApplies(size_t size) {
   return size >= kHostPoolMinBytes && Caffe::mode() == Caffe::CPU;  // GPU mode: pinned memory
 }
 
-}  // namespace
-
-namespace {
 // This thread's memory whose allocation now is filled whole: a CometFillWhole's, and the one a
 // FILL marker announced (consumed by that allocation).
 thread_local const SyncedMemory* g_fills_whole = NULL;

@@ -656,18 +656,19 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     const Clock::time_point start = Clock::now();
     // An output no backward reads (LRN's CPU backward computes it again) was freed: the
     // forward writes it once more, and it is freed again after.
-    std::vector<std::pair<SyncedMemory*, std::string> > freed;
+    std::vector<std::pair<SyncedMemory*, shared_ptr<CometPayload> > > freed;
     const std::vector<Blob<Dtype>*>& outs = net_->top_vecs()[layer];
     for (int t = 0; t < outs.size(); ++t) {
       SyncedMemory* mem = outs[t]->data().get();
-      const shared_ptr<CometPayload>& held = mem->comet_payload();
-      if (!held || held->kind() != CometPayload::RELEASED) continue;
+      if (!mem->comet_payload() || mem->comet_payload()->kind() != CometPayload::RELEASED) continue;
+      freed.push_back(std::make_pair(mem, mem->comet_payload()));
       mem->comet_payload().reset();
-      freed.push_back(std::make_pair(mem, "data of blob '" +
-                                              net_->blob_names()[net_->top_ids(layer)[t]] + "'"));
     }
     net_->layers()[layer]->Forward(net_->bottom_vecs()[layer], outs);
-    for (int t = 0; t < freed.size(); ++t) CometMarkReleased(freed[t].first, freed[t].second);
+    for (int t = 0; t < freed.size(); ++t) {
+      freed[t].first->comet_release();
+      freed[t].first->comet_payload() = freed[t].second;  // its marker back on
+    }
     const double ms = CometMsSince(start);
     e.encode_ms += ms;
     e.timing->wait_ms += ms;

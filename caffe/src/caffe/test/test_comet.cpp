@@ -1529,8 +1529,6 @@ TEST_F(CometStoreTest, ResidualBlockTrainsBitIdenticallyWithExactStages) {
             SyncedMemory::UNINITIALIZED);
 }
 
-// Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
-// stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
 // GoogLeNet's conv2/norm2: an LRN whose output only max pooling reads. LRN's CPU backward
 // computes its output again (patch 0027), so nothing keeps it: freed after the pooling's
 // forward, and training is bit for bit COMET off's, with LRN's scale kept or recomputed.
@@ -1572,7 +1570,7 @@ TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
       freed = true;
     }
     EXPECT_TRUE(freed) << comet[k];
-    // between forward and backward norm1's output holds nothing; a read says so
+    // between forward and backward norm1's output holds nothing
     solver->net()->Forward();
     EXPECT_EQ(solver->net()->blob_by_name("norm1")->data()->head(), SyncedMemory::UNINITIALIZED);
     solver->net()->Backward();
@@ -1583,14 +1581,7 @@ TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
                             "comet { eb_mode: ADAPTIVE update_interval: 2 recompute_lrn: true }"};
   for (int k = 0; k < 2; ++k) {
     shared_ptr<Solver<float> > solver = SolverFor(net, adaptive[k]);
-    CometSetFatalThrows(true);
-    std::string error;
-    try {
-      Run(solver.get(), 5);
-    } catch (const std::runtime_error& e) {
-      error = e.what();
-    }
-    CometSetFatalThrows(false);
+    const std::string error = FatalMessageOf([&] { Run(solver.get(), 5); });
     EXPECT_EQ(error, "") << adaptive[k];
     EXPECT_TRUE(std::isfinite(solver->net()->blob_by_name("loss")->cpu_data()[0])) << adaptive[k];
     const float eb = solver->comet()->bound("norm1");
@@ -1599,6 +1590,8 @@ TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
   }
 }
 
+// Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
+// stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
 TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
 
 // comet { async }: encodes on the store's worker beside the forward pass, decodes started a
