@@ -27,6 +27,14 @@ COMET_HD float apply_sign(float v, uint32_t word, int bit) {
   if ((word >> bit) & 1u) return v > tiny ? v : tiny;
   return v < 0.f ? v : 0.f;
 }
+// In-place ReLU's output rebuilt from its input y (itself rebuilt, off by at most e) and the mask
+// of the true output: where the mask is 1, y clamped positive (off by e at most); elsewhere
+// slope * y clamped to <= 0 (slope >= 0; off by slope * e at most, exactly 0 for plain ReLU).
+COMET_HD float relu_of(float y, uint32_t word, int bit, float slope) {
+  if ((word >> bit) & 1u) return apply_sign(y, word, bit);
+  const float z = slope * y;
+  return z < 0.f ? z : 0.f;
+}
 // Packs values [32*w, 32*w + 32) of x (clipped to count) into one word.
 COMET_HD uint32_t pack_word(const float* x, size_t count, size_t w, bool* nonfinite) {
   uint32_t word = 0;

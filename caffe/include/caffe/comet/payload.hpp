@@ -43,7 +43,11 @@ class CometPayload {
   // reader (comet { decode_ahead }): any other reader is just as fatal. FILL marks memory the
   // store freed that the next layer's Forward or Backward writes whole (its facts say
   // fills_whole): the first access drops it and allocates without upstream's zero fill.
-  enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2, ARGMAX = 3, BINARY = 4, IN_FLIGHT = 5, FILL = 6 };
+  // DERIVED holds no stream of its own: its values are rebuilt from `source`, BatchNorm's x_norm_
+  // (LOSSY), through the per-channel y = channel_scale[c] x + channel_bias[c] of an in-place
+  // Scale after it and, with a sign mask, ReLU in place (docs/comet.md#rebuilt-from-batchnorm).
+  enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2, ARGMAX = 3, BINARY = 4, IN_FLIGHT = 5, FILL = 6,
+              DERIVED = 7 };
   CometPayload(Kind kind, bool on_device, size_t count, const std::string& name);
   ~CometPayload();
 
@@ -69,6 +73,13 @@ class CometPayload {
   // (positive stays > 0, the rest <= 0). That keeps |x - x'| <= eb and gives ReLU exact signs.
   shared_ptr<CometPayload> sign_mask;
   shared_ptr<CometTiming> timing;
+  double eb;                     // LOSSY: the bound it was encoded at
+  // DERIVED: what it is rebuilt from. The factors are copies: the solver updates Scale's blobs
+  // after the backward, and a later read (pycaffe) must still see this step's values.
+  shared_ptr<CometPayload> source;
+  std::vector<float> channel_scale, channel_bias;
+  size_t inner;                  // values per channel and image
+  float negative_slope;          // ReLU's, where the sign mask is 0
 
  private:
   Kind kind_;
@@ -141,6 +152,15 @@ shared_ptr<CometPayload> CometEncodeBinary(const unsigned int* v, size_t count,
 // Decodes into out (device memory when the payload is on the device; floats, or 32-bit integers
 // for ARGMAX and BINARY); false when corrupt, with the reason in *error.
 bool CometDecode(const CometPayload& payload, void* out, std::string* error);
+// A DERIVED payload (host only) without its source on board: the source's values, given dense
+// in x (decoded already), through the payload's Scale and ReLU into out (may be x). False when
+// the parts do not fit together or the sign mask is corrupt.
+shared_ptr<CometPayload> CometMakeDerived(const shared_ptr<CometPayload>& source,
+                                          const std::vector<float>& scale,
+                                          const std::vector<float>& bias, size_t inner,
+                                          const shared_ptr<CometPayload>& sign_mask,
+                                          float negative_slope, const std::string& name);
+bool CometRebuild(const CometPayload& derived, const float* x, float* out, std::string* error);
 
 // What the encoders take beyond the payloads, for the tracked memory: the bytes they hold between
 // calls (the host's worst-case stream buffer, kept for the next encode), and the largest transient

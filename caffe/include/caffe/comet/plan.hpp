@@ -27,7 +27,8 @@ struct CometActions {
 
 struct CometPlanEntry : public CometActions {
   CometPlanEntry()
-      : layer(-1), source(-1), action(KEEP), signs(false), last_forward(-1), last_backward(-1) {}
+      : layer(-1), source(-1), action(KEEP), signs(false), last_forward(-1), last_backward(-1),
+        rebuild_from(-1), rebuild_scale(-1), rebuild_relu(-1), rebuilds(-1) {}
   std::string name;            // what the log calls it: the reading layer(s)
   std::string blob;            // first blob name, or "<layer> argmax|mask|scale"
   std::vector<int> blob_ids;   // empty for a layer-private buffer
@@ -38,6 +39,10 @@ struct CometPlanEntry : public CometActions {
   int last_forward;            // compress/release after this layer's forward
   int last_backward;           // free again after this layer's backward (-1: none)
   std::vector<int> eb_layers;  // LOSSY: indices into the plan's bounds of the layers reading it
+  // LOSSY net blob that in-place Scale (rebuild_scale) and ReLU (rebuild_relu, or -1) made from
+  // BatchNorm's output (comet { rebuild_from_batchnorm }): the entry of that BatchNorm's x_norm_,
+  // from which CPU mode rebuilds it instead of storing it; on that entry, `rebuilds` names it.
+  int rebuild_from, rebuild_scale, rebuild_relu, rebuilds;
 };
 
 // The error bound of one layer whose input is stored lossy.

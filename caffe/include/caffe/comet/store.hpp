@@ -2,6 +2,7 @@
 #define CAFFE_COMET_STORE_HPP_
 
 #include <fstream>
+#include <functional>
 #include <list>
 #include <map>
 #include <string>
@@ -89,7 +90,12 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   void Harvest();                         // finishes what has run, without waiting
   void FinishAll();
   void DecodeAhead(int layer);            // the stored inputs of the next backward layers
+  void DecodeAheadRebuilt(int entry, const shared_ptr<CometPayload>& p);
   bool PoolHasRoomFor(size_t bytes) const;  // below the host pool's peak in use
+  // A blob rebuilt from BatchNorm's x_norm_ (plan entry rebuild_from, CPU mode).
+  float RebuildBound(const Entry& x_norm) const;
+  std::function<void(Job*)> RebuildOrLossy(const Entry& e, const Blob<Dtype>* blob, float eb,
+                                           const std::function<void(Job*)>& lossy);
 
   Solver<Dtype>* solver_;
   Net<Dtype>* net_;

@@ -28,7 +28,7 @@ const size_t kDirectMapBytes = 1 << 20;
 }  // namespace
 
 CometPayload::CometPayload(Kind kind, bool on_device, size_t count, const std::string& name)
-    : mask_popcount(0), code_bits(0), kind_(kind), on_device_(on_device), count_(count), bytes_(0),
+    : mask_popcount(0), code_bits(0), eb(0), inner(0), negative_slope(0), kind_(kind), on_device_(on_device), count_(count), bytes_(0),
       name_(name), host_(NULL), host_cuda_(false), host_mapped_(false), device_(NULL) {}
 
 CometPayload::~CometPayload() {
@@ -179,8 +179,10 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
       p->Allocate(used);
       std::copy(scratch.data, scratch.data + used, static_cast<uint8_t*>(p->data()));
     }
+    p->eb = eb;
   } else {
     rc = CometLossyEncodeGpu(data, dims, nd, eb, p.get());
+    p->eb = eb;
   }
   if (rc != SZ_OK) {
     if (error) {
@@ -463,10 +465,63 @@ void CometMarkFill(SyncedMemory* mem) {
   mem->comet_payload() = fill;
 }
 
+shared_ptr<CometPayload> CometMakeDerived(const shared_ptr<CometPayload>& source,
+                                          const std::vector<float>& scale,
+                                          const std::vector<float>& bias, size_t inner,
+                                          const shared_ptr<CometPayload>& sign_mask,
+                                          float negative_slope, const std::string& name) {
+  CHECK(source && source->kind() == CometPayload::LOSSY && !source->on_device())
+      << "COMET: " << name << " is rebuilt from a host lossy stream only";
+  shared_ptr<CometPayload> p(new CometPayload(CometPayload::DERIVED, false, source->count(), name));
+  p->source = source;
+  p->channel_scale = scale;
+  p->channel_bias = bias;
+  p->inner = inner;
+  p->sign_mask = sign_mask;
+  p->negative_slope = negative_slope;
+  return p;
+}
+
+bool CometRebuild(const CometPayload& p, const float* x, float* out, std::string* error) {
+  const size_t count = p.count(), channels = p.channel_scale.size(), inner = p.inner;
+  if (p.kind() != CometPayload::DERIVED || p.on_device() || !channels || !inner ||
+      count % (channels * inner) || (!p.channel_bias.empty() && p.channel_bias.size() != channels) ||
+      (p.sign_mask && p.sign_mask->count() != count)) {
+    *error = "the parts it is rebuilt from do not fit together";
+    return false;
+  }
+  const uint32_t* words = p.sign_mask ? static_cast<const uint32_t*>(p.sign_mask->data()) : NULL;
+  const float slope = p.negative_slope;
+  const float* a = p.channel_scale.data();
+  const float* b = p.channel_bias.empty() ? NULL : p.channel_bias.data();
+  // One plane (image n, channel c) at a time: the factors are constant along it.
+  ParallelRanges(count / inner, 1, [&](size_t q0, size_t q1) {
+    for (size_t q = q0; q < q1; ++q) {
+      const float ac = a[q % channels], bc = b ? b[q % channels] : 0.f;
+      const size_t i0 = q * inner, i1 = i0 + inner;
+      if (!words) {
+        for (size_t i = i0; i < i1; ++i) out[i] = ac * x[i] + bc;
+        continue;
+      }
+      for (size_t i = i0; i < i1; ++i)
+        out[i] = comet_mask::relu_of(ac * x[i] + bc, words[i / 32], static_cast<int>(i % 32),
+                                     slope);
+    }
+  });
+  return !words || PopcountMatches(*p.sign_mask, HostPopcount(words, count), error);
+}
+
 bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
   if (p.kind() == CometPayload::ARGMAX || p.kind() == CometPayload::BINARY)
     return DecodeCodes(p, static_cast<int32_t*>(dense), error);
   float* out = static_cast<float*>(dense);
+  if (p.kind() == CometPayload::DERIVED) {
+    if (!p.source || p.source->kind() != CometPayload::LOSSY || p.source->count() != p.count()) {
+      *error = "the stream it is rebuilt from is missing or of another size";
+      return false;
+    }
+    return CometDecode(*p.source, out, error) && CometRebuild(p, out, out, error);
+  }
   if (p.kind() == CometPayload::RELEASED || p.kind() == CometPayload::IN_FLIGHT ||
       p.kind() == CometPayload::FILL) {
     *error = "the memory was freed; nothing holds its content";

@@ -315,6 +315,47 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     }
   }
 
+  // A lossy conv input that an in-place Scale (with ReLU in place after it, or not) made from
+  // BatchNorm's output: on the CPU it is rebuilt from that BatchNorm's lossy x_norm_ instead of
+  // being stored a second time (ResNet's branch2b inputs). The blob's last writers must be exactly
+  // BatchNorm, that Scale (per channel, its copy rebuilt from BatchNorm) and the ReLU.
+  for (int x = 0; x < plan.entries.size() && param.rebuild_from_batchnorm(); ++x) {
+    CometPlanEntry& e = plan.entries[x];
+    if (e.layer >= 0 || e.action != CometActions::LOSSY) continue;
+    const std::set<int> ids(e.blob_ids.begin(), e.blob_ids.end());
+    std::vector<int> writers;  // layers that write the blob's memory, in forward order
+    for (int i = 0; i <= e.last_forward; ++i) {
+      const std::vector<int>& tops = net.top_ids(i);
+      const std::vector<int>& shares = plan.facts[i].top_data_of;
+      for (int k = 0; k < tops.size(); ++k) {
+        if (!ids.count(tops[k]) || (k < shares.size() && shares[k] >= 0)) continue;
+        writers.push_back(i);
+        break;
+      }
+    }
+    int n = writers.size(), relu = -1;
+    if (n && net.layers()[writers[n - 1]]->type() == std::string("ReLU")) relu = writers[--n];
+    if (n < 2 || (relu >= 0) != e.signs) continue;  // the sign mask is ReLU's, and only ReLU's
+    if (relu >= 0 && net.layers()[relu]->layer_param().relu_param().negative_slope() < 0) continue;
+    const int scale = writers[n - 1], bn = writers[n - 2];
+    const ScaleParameter& sp = net.layers()[scale]->layer_param().scale_param();
+    if (net.layers()[scale]->type() != std::string("Scale") || net.bottom_ids(scale).size() != 1 ||
+        sp.axis() != 1 || sp.num_axes() != 1) {
+      continue;
+    }
+    int copy = -1, xn = -1;
+    for (int c = 0; c < plan.entries.size(); ++c) {
+      const CometPlanEntry& o = plan.entries[c];
+      if (o.layer == scale && o.action == CometActions::REBUILD && o.source == bn) copy = c;
+      if (o.layer == bn && o.action == CometActions::LOSSY && o.rebuilds < 0) xn = c;
+    }
+    if (copy < 0 || xn < 0) continue;
+    e.rebuild_from = xn;
+    e.rebuild_scale = scale;
+    e.rebuild_relu = relu;
+    plan.entries[xn].rebuilds = x;
+  }
+
   // Activation diffs: freed after the last layer whose backward touches them. Only diffs that a
   // backward writes: one nobody writes (a Split top feeding Accuracy) holds zeros that the next
   // step reads again, and freeing it would lose them.
@@ -403,6 +444,12 @@ std::string DescribeCometPlan(const CometPlan& plan, const Net<Dtype>& net,
     if (en.action == CometActions::LOSSY || en.action == CometActions::MASK)
       os << ", for " << en.name << " backward";
     if (en.signs) os << " (+ sign mask)";
+    if (en.rebuild_from >= 0) {
+      os << "; on the CPU rebuilt from " << plan.entries[en.rebuild_from].blob << " through "
+         << net.layer_names()[en.rebuild_scale];
+      if (en.rebuild_relu >= 0) os << " and " << net.layer_names()[en.rebuild_relu];
+      os << " instead";
+    }
     os << "\n";
   }
   for (int n = 0; n < plan.notes.size(); ++n) os << "COMET plan: " << plan.notes[n] << "\n";

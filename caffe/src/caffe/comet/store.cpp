@@ -47,11 +47,15 @@ class CometStore<Dtype>::Hook : public Net<Dtype>::Callback {
 template <typename Dtype>
 struct CometStore<Dtype>::Job {
   enum What { ENCODE, DECODE };
-  Job(What w, int e, SyncedMemory* m) : what(w), entry(e), mem(m), bytes(m->size()), ticket(0),
-                                        ms(0) {}
+  Job(What w, int e, SyncedMemory* m) : what(w), entry(e), mem(m), also(NULL), bytes(m->size()),
+                                        ticket(0), ms(0) {}
   What what;
   int entry;
   SyncedMemory* mem;
+  // DECODE of a blob rebuilt from x_norm_: x_norm_'s memory, decoded by the same job first
+  // (BatchNorm's and Scale's backward read it next), or NULL.
+  SyncedMemory* also;
+  shared_ptr<CometPayload> also_payload;
   size_t bytes;      // dense bytes it keeps in flight until finished
   uint64_t ticket;   // on the worker; 0: ran in the step
   std::function<void(Job*)> work;
@@ -287,7 +291,12 @@ void CometStore<Dtype>::Finish(Job* job) {
   Entry& e = entries_[job->entry];
   if (job->what == Job::DECODE) {
     job->mem->comet_payload().reset();  // the IN_FLIGHT marker
+    if (job->also) job->also->comet_payload().reset();
     if (!job->error.empty()) {
+      if (job->also) {
+        job->also->comet_release();
+        job->also->comet_payload() = job->also_payload;
+      }
       job->mem->comet_release();
       job->mem->comet_payload() = job->payload;  // every later read fails the same way
       CometFatalCorrupt(e.blob, job->error);
@@ -339,6 +348,10 @@ void CometStore<Dtype>::DecodeAhead(int layer) {
       // the host pool has room for it below its peak in use: the memory a backward pass has
       // freed again, resident anyway, not more (a decode ahead of both of LRN's 77 MB inputs
       // in GoogLeNet at batch 32, past the cap of its largest blob).
+      if (p->kind() == CometPayload::DERIVED) {
+        DecodeAheadRebuilt(x, p);
+        continue;
+      }
       if (in_flight_ + mem->size() > max_in_flight_ && !PoolHasRoomFor(mem->size())) continue;
       mem->comet_payload().reset();
       void* out = CometDenseFor(mem, *p);  // a host payload: host memory
@@ -350,6 +363,49 @@ void CometStore<Dtype>::DecodeAhead(int layer) {
       Start(job, true);
     }
   }
+}
+
+// A blob rebuilt from x_norm_ (a DERIVED payload): from x_norm_'s dense memory, or with x_norm_
+// decoded into its own memory by the same job first, so that the stream is decoded once for the
+// Convolution, Scale and BatchNorm that read it. Otherwise (x_norm_ on its way, or past the cap)
+// its reader restores it on demand, decoding the stream on its own.
+template <typename Dtype>
+void CometStore<Dtype>::DecodeAheadRebuilt(int x, const shared_ptr<CometPayload>& p) {
+  Entry& e = entries_[x];
+  SyncedMemory* mem = EntryMemory(e);
+  const Entry& xn = entries_[e.rebuild_from];
+  SyncedMemory* xmem = EntryMemory(xn);
+  const shared_ptr<CometPayload> xp = xmem->comet_payload();
+  const bool dense = !xp && xmem->head() != SyncedMemory::UNINITIALIZED && xn.stored == p->source;
+  const bool stream = xp && xp == xn.stored && xp == p->source;
+  if (!dense && !stream) return;
+  const size_t bytes = mem->size() + (stream ? xmem->size() : 0);
+  if (in_flight_ + bytes > max_in_flight_ && !PoolHasRoomFor(bytes)) return;
+  shared_ptr<Job> job(new Job(Job::DECODE, x, mem));
+  job->payload = p;
+  job->bytes = bytes;
+  const float* x_norm = NULL;
+  float* xout = NULL;
+  if (stream) {
+    xmem->comet_payload().reset();
+    xout = static_cast<float*>(CometDenseFor(xmem, *xp));
+    x_norm = xout;
+    xmem->comet_payload().reset(new CometPayload(CometPayload::IN_FLIGHT, false, 0,
+                                                 "the data of " + xn.blob));
+    job->also = xmem;
+    job->also_payload = xp;
+  } else {
+    x_norm = static_cast<const float*>(xmem->cpu_data());
+  }
+  mem->comet_payload().reset();
+  float* out = static_cast<float*>(CometDenseFor(mem, *p));
+  mem->comet_payload().reset(new CometPayload(CometPayload::IN_FLIGHT, false, 0,
+                                              "the data of blob '" + e.blob + "'"));
+  job->work = [p, xp, xout, x_norm, out](Job* j) {
+    if (xout && !CometDecode(*xp, xout, &j->error)) return;
+    CometRebuild(*p, x_norm, out, &j->error);
+  };
+  Start(job, true);
 }
 
 template <typename Dtype>
@@ -530,7 +586,8 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
   Layer<Dtype>* l = net_->layers()[e->layer].get();
   if (e->action == LOSSY) {  // BatchNorm's x_norm_
     const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
-    const float eb = bounds_.ForEntry(*e);
+    float eb = bounds_.ForEntry(*e);
+    if (e->rebuilds >= 0 && !dev) eb = std::min(eb, RebuildBound(*e));
     e->eb_sum += eb;
     const std::vector<int> shape = CometLayerAccess<Dtype>::bn_x_norm(l)->shape();
     if (measuring_) bounds_.NoteStoredInput(*e, data, dev, shape, eb);
@@ -594,7 +651,7 @@ void CometStore<Dtype>::AfterForward(int layer) {
       const std::vector<int> shape = blob->shape();
       if (measuring_) bounds_.NoteStoredInput(e, data, dev, shape, eb);
       const bool signs = e.signs;
-      job->work = [=](Job* j) {
+      const std::function<void(Job*)> lossy = [=](Job* j) {
         j->payload = CometEncodeLossy(data, shape, dev, eb, name, &j->error);
         if (!j->payload || !signs) return;
         j->payload->sign_mask = CometEncodeMask(data, count, dev, name);
@@ -603,6 +660,8 @@ void CometStore<Dtype>::AfterForward(int layer) {
         j->note = "blob " + name + " holds NaN or Inf; kept dense this iteration (ReLU needs "
                   "its exact sign)";
       };
+      job->work = lossy;
+      if (e.rebuild_from >= 0 && !dev) job->work = RebuildOrLossy(e, blob, eb, lossy);
     } else {
       job->work = [=](Job* j) {
         j->payload = CometEncodeMask(data, count, dev, name);
@@ -619,6 +678,82 @@ void CometStore<Dtype>::AfterForward(int layer) {
   if (layer + 1 == net_->layers().size()) FinishAll();
   stats_.NoteTransient(CometTakeTransientPeak());
   Sample();
+}
+
+namespace {
+// Of the bound a rebuilt blob keeps, what x_norm_'s error times Scale's largest factor may use;
+// the rest is for the float rounding of a x + b (checked for every blob: RebuildOrLossy).
+const float kRebuildShare = 0.99f;
+const double kRebuildRounding = 1e-6;  // relative, about 8 float ulps
+}  // namespace
+
+// x_norm_'s bound such that the blob rebuilt from it through Scale keeps its readers' bound.
+template <typename Dtype>
+float CometStore<Dtype>::RebuildBound(const Entry& xn) const {
+  const Entry& d = entries_[xn.rebuilds];
+  const Blob<Dtype>* factors = net_->layers()[d.rebuild_scale]->blobs()[0].get();
+  const Dtype* a = factors->cpu_data();
+  float max_a = 0;
+  for (int c = 0; c < factors->count(); ++c) max_a = std::max(max_a, std::fabs(float(a[c])));
+  if (!(max_a > 0) || !std::isfinite(max_a)) return bounds_.ForEntry(xn);  // nothing to keep
+  return kRebuildShare * bounds_.ForEntry(d) / max_a;
+}
+
+// The encode of a blob that Scale (and ReLU) made from BatchNorm's output: its sign mask only,
+// with x_norm_'s stream of this step and a copy of Scale's factors, when those keep the blob
+// within eb; else the lossy encode as usual (x_norm_ kept dense this step, a factor or a value too
+// large for the rounding margin).
+template <typename Dtype>
+std::function<void(typename CometStore<Dtype>::Job*)> CometStore<Dtype>::RebuildOrLossy(
+    const Entry& e, const Blob<Dtype>* blob, float eb, const std::function<void(Job*)>& lossy) {
+  const int xn = e.rebuild_from;
+  std::vector<shared_ptr<Job> > pending;  // x_norm_'s encode, started after BatchNorm's forward
+  for (typename std::list<shared_ptr<Job> >::iterator j = jobs_.begin(); j != jobs_.end(); ++j)
+    if ((*j)->entry == xn) pending.push_back(*j);
+  for (int k = 0; k < pending.size(); ++k) Await(pending[k]);
+  const shared_ptr<CometPayload> source = entries_[xn].stored;
+  Layer<Dtype>* sl = net_->layers()[e.rebuild_scale].get();
+  const size_t count = blob->count();
+  const int channels = sl->blobs()[0]->count();
+  if (!source || source->kind() != CometPayload::LOSSY || source->on_device() ||
+      source->count() != count || blob->num_axes() < 2 || blob->shape(1) != channels) {
+    return lossy;
+  }
+  std::vector<float> a(sl->blobs()[0]->cpu_data(), sl->blobs()[0]->cpu_data() + channels), b;
+  if (sl->blobs().size() > 1) {
+    const Blob<Dtype>* bias = sl->blobs()[1].get();
+    if (bias->count() != channels) return lossy;
+    b.assign(bias->cpu_data(), bias->cpu_data() + channels);
+  }
+  float max_a = 0;
+  for (int c = 0; c < channels; ++c) max_a = std::max(max_a, std::fabs(a[c]));
+  const size_t inner = count / (static_cast<size_t>(blob->shape(0)) * channels);
+  const float slope = e.rebuild_relu < 0 ? 0.f :
+      net_->layers()[e.rebuild_relu]->layer_param().relu_param().negative_slope();
+  const bool relu = e.rebuild_relu >= 0;
+  const double error = max_a * source->eb;  // x_norm_'s error through the largest factor
+  const float* data = reinterpret_cast<const float*>(blob->data()->cpu_data());
+  const std::string name = e.blob;
+  return [=](Job* j) {
+    float y = 0;  // the largest magnitude; NaN or Inf make `finite` false
+    bool finite = true;
+    for (size_t i = 0; i < count; ++i) {
+      const float m = std::fabs(data[i]);
+      if (m > y) y = m;
+      else if (!(m <= y)) finite = false;
+    }
+    finite = finite && std::isfinite(y) && std::isfinite(max_a);
+    if (!finite || !(error + kRebuildRounding * (y + error) <= eb)) {
+      lossy(j);
+      return;
+    }
+    shared_ptr<CometPayload> mask;
+    if (relu && !(mask = CometEncodeMask(data, count, false, name))) {
+      lossy(j);  // NaN or Inf: the lossy encode keeps it (or says so)
+      return;
+    }
+    j->payload = CometMakeDerived(source, a, b, inner, mask, slope, name);
+  };
 }
 
 template <typename Dtype>

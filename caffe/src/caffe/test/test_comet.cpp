@@ -1529,6 +1529,95 @@ TEST_F(CometStoreTest, ResidualBlockTrainsBitIdenticallyWithExactStages) {
             SyncedMemory::UNINITIALIZED);
 }
 
+// ResNet's branch2b input: BatchNorm, Scale and ReLU in place on a blob that a Convolution reads.
+// The store keeps only its sign mask and rebuilds it from BatchNorm's lossy x_norm_ with Scale's
+// factors; the rebuilt values keep the Convolution's bound, ReLU's zeros stay exact, and a read
+// after the solver changed Scale's factors still sees the step's values.
+TEST_F(CometStoreTest, ABlobThatScaleAndReluMadeFromBatchNormIsRebuiltWithinTheBound) {
+  const std::string conv = " weight_filler { type: 'gaussian' std: 0.3 } bias_term: false } } ";
+  const std::string net =
+      "name: 'branch' "
+      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "  dummy_data_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 } "
+      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "  convolution_param { num_output: 6 kernel_size: 3 pad: 1" + conv +
+      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'sc1' type: 'Scale' bottom: 'conv1' top: 'conv1' scale_param { bias_term: true "
+      "  filler { type: 'uniform' min: -2 max: 3 } bias_filler { type: 'uniform' min: -1 max: 1 } } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2' "
+      "  convolution_param { num_output: 5 kernel_size: 3 pad: 1" + conv +
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv2' top: 'ip' "
+      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const float eb = 0.02f;
+  const std::string fixed = "comet { eb_mode: FIXED error_bound: 0.02 ";
+  shared_ptr<Solver<float> > off = SolverFor(net, "");
+  shared_ptr<Solver<float> > on = SolverFor(net, fixed + "rebuild_from_batchnorm: true }");
+  shared_ptr<Solver<float> > stored = SolverFor(net, fixed + "}");
+  Run(on.get(), 3);
+  Run(stored.get(), 3);
+  EXPECT_NE(on->comet()->Plan().find("conv1 -> lossy"), std::string::npos) << on->comet()->Plan();
+  EXPECT_NE(on->comet()->Plan().find("rebuilt from bn1 x_norm through sc1 and relu1"),
+            std::string::npos) << on->comet()->Plan();
+  EXPECT_EQ(stored->comet()->Plan().find("rebuilt from"), std::string::npos);
+  // the reference: COMET off with the weights `on` trained to
+  NetParameter trained;
+  on->net()->ToProto(&trained);
+  off->net()->CopyTrainedLayersFrom(trained);
+  caffe::Net<float>* n = on->net().get();
+  caffe::Net<float>* ref = off->net().get();
+  for (int k = 0; k < 2; ++k) {  // the same batch of DummyData
+    Caffe::set_random_seed(99);
+    (k == 0 ? ref : n)->Forward();
+  }
+  const shared_ptr<CometPayload> held = n->blob_by_name("conv1")->data()->comet_payload();
+  ASSERT_TRUE(held.get() != NULL);
+  ASSERT_EQ(held->kind(), CometPayload::DERIVED) << "stored, not rebuilt";
+  ASSERT_TRUE(held->sign_mask.get() != NULL);
+  EXPECT_EQ(held->stored_bytes(), held->sign_mask->bytes()) << "only the mask is its own";
+  EXPECT_LT(held->source->eb, eb) << "x_norm_'s bound is tightened by Scale's largest factor";
+  Caffe::set_random_seed(99);
+  stored->net()->CopyTrainedLayersFrom(trained);
+  stored->net()->Forward();
+  EXPECT_EQ(stored->net()->blob_by_name("conv1")->data()->comet_payload()->kind(),
+            CometPayload::LOSSY);
+  // the solver's update changes sc1's factors; the payload kept this forward's
+  Blob<float>* factors = n->layer_by_name("sc1")->blobs()[0].get();
+  caffe_add_scalar(factors->count(), 0.5f, factors->mutable_cpu_data());
+  const Blob<float>* exact = ref->blob_by_name("conv1").get();
+  const float* x = exact->cpu_data();
+  const float* y = n->blob_by_name("conv1")->cpu_data();  // rebuilt now
+  float worst = 0;
+  int zeros = 0;
+  for (int i = 0; i < exact->count(); ++i) {
+    worst = std::max(worst, std::fabs(x[i] - y[i]));
+    if (x[i] == 0) {
+      ++zeros;
+      ASSERT_EQ(y[i], 0.f) << "ReLU's zero " << i;
+    }
+  }
+  EXPECT_LE(worst, eb);
+  EXPECT_GT(worst, 0.f) << "lossy: not a copy";
+  EXPECT_GT(zeros, exact->count() / 10);
+  // and the backward from it stays close to COMET off's
+  caffe_add_scalar(factors->count(), -0.5f, factors->mutable_cpu_data());
+  ref->ClearParamDiffs();
+  n->ClearParamDiffs();
+  ref->Backward();
+  n->Backward();
+  const Blob<float>* wa = ref->layer_by_name("conv2")->blobs()[0].get();
+  const Blob<float>* wb = n->layer_by_name("conv2")->blobs()[0].get();
+  double num = 0, den = 0;
+  for (int i = 0; i < wa->count(); ++i) {
+    num += std::pow(wa->cpu_diff()[i] - wb->cpu_diff()[i], 2);
+    den += std::pow(wa->cpu_diff()[i], 2);
+  }
+  EXPECT_GT(den, 0);
+  EXPECT_LT(std::sqrt(num / den), 0.05) << "conv2's weight gradient";
+}
+
 // GoogLeNet's conv2/norm2: an LRN whose output only max pooling reads. LRN's CPU backward
 // computes its output again (patch 0027), so nothing keeps it: freed after the pooling's
 // forward, and training is bit for bit COMET off's, with LRN's scale kept or recomputed.
