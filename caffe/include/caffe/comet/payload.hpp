@@ -139,8 +139,12 @@ void CometMarkFill(SyncedMemory* mem);
 shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<int>& shape,
                                           bool on_device, double eb, const std::string& name,
                                           std::string* error = NULL);
+// With max_abs (host only), the same pass also gives the largest magnitude (a rebuilt blob's
+// rounding check).
 shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool on_device,
-                                         const std::string& name);
+                                         const std::string& name, float* max_abs = NULL);
+// The largest magnitude of host data, and whether every value is finite (one pass, one thread).
+float CometMaxAbs(const float* data, size_t count, bool* finite);
 // Max pooling's argmax (indices into each bottom plane) and Dropout's 0/1 mask, losslessly as
 // packed codes; NULL when a value cannot be coded (an argmax of -1 from a window of NaN).
 shared_ptr<CometPayload> CometEncodeArgmax(const int* idx, size_t count,

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include <atomic>  // NOLINT(build/c++11)
+#include <cmath>
+#include <mutex>  // NOLINT(build/c++11)
 #include <thread>  // NOLINT(build/c++11)
 
 #include "caffe/comet/mask.hpp"
@@ -195,8 +197,43 @@ shared_ptr<CometPayload> CometEncodeLossy(const float* data, const std::vector<i
   return p;
 }
 
+namespace {
+// Per-lane running maxima of |x| over 32 values: a fixed-width loop the compiler vectorizes
+// (lane > v ? lane : v is maxps exactly; NaN is caught by the finite test beside it).
+inline void MaxAbs32(const float* x, float* lanes) {
+  for (int b = 0; b < 32; ++b) {
+    const float v = std::fabs(x[b]);
+    lanes[b] = lanes[b] > v ? lanes[b] : v;
+  }
+}
+inline float LanesMax(const float* lanes) {
+  float m = 0;
+  for (int b = 0; b < 32; ++b) m = std::max(m, lanes[b]);
+  return m;
+}
+}  // namespace
+
+float CometMaxAbs(const float* data, size_t count, bool* finite) {
+  float lanes[32] = {0};
+  int fin = 1;
+  const size_t full = count / 32;
+  for (size_t w = 0; w < full; ++w) {
+    const float* x = data + 32 * w;
+    MaxAbs32(x, lanes);
+    for (int b = 0; b < 32; ++b) fin &= comet_mask::finite(x[b]);
+  }
+  float m = LanesMax(lanes);
+  for (size_t i = 32 * full; i < count; ++i) {
+    fin &= comet_mask::finite(data[i]);
+    m = std::max(m, std::fabs(data[i]));
+  }
+  *finite = fin != 0;
+  return m;
+}
+
 shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool on_device,
-                                         const std::string& name) {
+                                         const std::string& name, float* max_abs) {
+  CHECK(!(on_device && max_abs)) << "COMET: a mask's largest magnitude is a host pass";
   shared_ptr<CometPayload> p(new CometPayload(CometPayload::MASK, on_device, count, name));
   const size_t nwords = comet_mask::words(count);
   p->Allocate(nwords * sizeof(uint32_t));
@@ -207,26 +244,36 @@ shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool o
     const size_t full = count / 32;
     std::atomic<uint32_t> counted(0);
     std::atomic<int> finite(1);
+    std::mutex largest_lock;
+    float largest = 0;
     ParallelRanges(full, 1, [&](size_t w0, size_t w1) {
       uint32_t pc = 0;
       int fin = 1;
+      float lanes[32] = {0};
       for (size_t w = w0; w < w1; ++w) {  // fixed 32-wide inner loops: vectorized
         const float* x = data + 32 * w;
         uint32_t word = 0;
         for (int b = 0; b < 32; ++b) word |= static_cast<uint32_t>(comet_mask::bit_of(x[b])) << b;
         for (int b = 0; b < 32; ++b) fin &= comet_mask::finite(x[b]);
+        if (max_abs) MaxAbs32(x, lanes);
         words[w] = word;
         pc += __builtin_popcount(word);
       }
       counted += pc;
       finite &= fin;
+      if (max_abs) {
+        std::lock_guard<std::mutex> hold(largest_lock);
+        largest = std::max(largest, LanesMax(lanes));
+      }
     });
     popcount = counted;
     nonfinite = !finite;
     if (full < nwords) {
       words[full] = comet_mask::pack_word(data, count, full, &nonfinite);
       popcount += __builtin_popcount(words[full]);
+      for (size_t i = 32 * full; i < count; ++i) largest = std::max(largest, std::fabs(data[i]));
     }
+    if (max_abs) *max_abs = largest;
   } else {
     CometMaskPackGpu(data, count, static_cast<uint32_t*>(p->data()), &popcount, &nonfinite);
   }
@@ -494,18 +541,28 @@ bool CometRebuild(const CometPayload& p, const float* x, float* out, std::string
   const float slope = p.negative_slope;
   const float* a = p.channel_scale.data();
   const float* b = p.channel_bias.empty() ? NULL : p.channel_bias.data();
-  // One plane (image n, channel c) at a time: the factors are constant along it.
-  ParallelRanges(count / inner, 1, [&](size_t q0, size_t q1) {
-    for (size_t q = q0; q < q1; ++q) {
-      const float ac = a[q % channels], bc = b ? b[q % channels] : 0.f;
-      const size_t i0 = q * inner, i1 = i0 + inner;
-      if (!words) {
-        for (size_t i = i0; i < i1; ++i) out[i] = ac * x[i] + bc;
-        continue;
+  // Two vectorizable passes per piece of kPiece values (in cache for the second): a x + b along
+  // each plane (image n, channel c: the factors are constant along it), then ReLU from the mask,
+  // a word of 32 values at a time (pieces start at multiples of 32; planes need not).
+  const size_t kPiece = 4096;
+  ParallelRanges(count, kPiece, [&](size_t r0, size_t r1) {
+    for (size_t p0 = r0; p0 < r1; p0 += kPiece) {
+      const size_t p1 = std::min(r1, p0 + kPiece);
+      for (size_t i = p0; i < p1;) {
+        const size_t q = i / inner, end = std::min(p1, (q + 1) * inner);
+        const float ac = a[q % channels], bc = b ? b[q % channels] : 0.f;
+        for (size_t k = i; k < end; ++k) out[k] = ac * x[k] + bc;
+        i = end;
       }
-      for (size_t i = i0; i < i1; ++i)
-        out[i] = comet_mask::relu_of(ac * x[i] + bc, words[i / 32], static_cast<int>(i % 32),
-                                     slope);
+      if (!words) continue;
+      const size_t w1 = p1 / 32;
+      for (size_t w = p0 / 32; w < w1; ++w) {
+        float* o = out + 32 * w;
+        const uint32_t word = words[w];
+        for (int bit = 0; bit < 32; ++bit) o[bit] = comet_mask::relu_of(o[bit], word, bit, slope);
+      }
+      for (size_t i = 32 * w1; i < p1; ++i)  // the last word of the blob, when partial
+        out[i] = comet_mask::relu_of(out[i], words[w1], static_cast<int>(i % 32), slope);
     }
   });
   return !words || PopcountMatches(*p.sign_mask, HostPopcount(words, count), error);

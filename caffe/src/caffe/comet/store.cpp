@@ -81,6 +81,28 @@ bool OnDevice(const SyncedMemory* mem) {
          (mem->head() == SyncedMemory::HEAD_AT_GPU || mem->head() == SyncedMemory::SYNCED);
 }
 
+// Dense host memory for a decode ahead of p into mem; until the job finishes, mem holds the
+// IN_FLIGHT marker, so that a read before then waits for it (or names what) instead of computing
+// on memory the decode is still writing.
+float* InFlightDenseFor(SyncedMemory* mem, const CometPayload& p, const std::string& what) {
+  mem->comet_payload().reset();
+  float* out = static_cast<float*>(CometDenseFor(mem, p));  // a host payload: host memory
+  mem->comet_payload().reset(new CometPayload(CometPayload::IN_FLIGHT, false, 0, what));
+  return out;
+}
+
+// The largest factor's magnitude (a Scale layer's per-channel factors); NaN when one is NaN.
+template <typename Dtype>
+float MaxAbs(const Dtype* a, int n) {
+  float m = 0;
+  for (int c = 0; c < n; ++c) {
+    const float v = std::fabs(static_cast<float>(a[c]));
+    if (v != v) return v;
+    m = std::max(m, v);
+  }
+  return m;
+}
+
 }  // namespace
 
 template <typename Dtype>
@@ -353,10 +375,7 @@ void CometStore<Dtype>::DecodeAhead(int layer) {
         continue;
       }
       if (in_flight_ + mem->size() > max_in_flight_ && !PoolHasRoomFor(mem->size())) continue;
-      mem->comet_payload().reset();
-      void* out = CometDenseFor(mem, *p);  // a host payload: host memory
-      mem->comet_payload().reset(new CometPayload(CometPayload::IN_FLIGHT, false, 0,
-                                                  "the data of blob '" + e.blob + "'"));
+      float* out = InFlightDenseFor(mem, *p, "the data of blob '" + e.blob + "'");
       shared_ptr<Job> job(new Job(Job::DECODE, x, mem));
       job->payload = p;
       job->work = [p, out](Job* j) { CometDecode(*p, out, &j->error); };
@@ -387,20 +406,14 @@ void CometStore<Dtype>::DecodeAheadRebuilt(int x, const shared_ptr<CometPayload>
   const float* x_norm = NULL;
   float* xout = NULL;
   if (stream) {
-    xmem->comet_payload().reset();
-    xout = static_cast<float*>(CometDenseFor(xmem, *xp));
+    xout = InFlightDenseFor(xmem, *xp, "the data of " + xn.blob);
     x_norm = xout;
-    xmem->comet_payload().reset(new CometPayload(CometPayload::IN_FLIGHT, false, 0,
-                                                 "the data of " + xn.blob));
     job->also = xmem;
     job->also_payload = xp;
   } else {
     x_norm = static_cast<const float*>(xmem->cpu_data());
   }
-  mem->comet_payload().reset();
-  float* out = static_cast<float*>(CometDenseFor(mem, *p));
-  mem->comet_payload().reset(new CometPayload(CometPayload::IN_FLIGHT, false, 0,
-                                              "the data of blob '" + e.blob + "'"));
+  float* out = InFlightDenseFor(mem, *p, "the data of blob '" + e.blob + "'");
   job->work = [p, xp, xout, x_norm, out](Job* j) {
     if (xout && !CometDecode(*xp, xout, &j->error)) return;
     CometRebuild(*p, x_norm, out, &j->error);
@@ -692,9 +705,7 @@ template <typename Dtype>
 float CometStore<Dtype>::RebuildBound(const Entry& xn) const {
   const Entry& d = entries_[xn.rebuilds];
   const Blob<Dtype>* factors = net_->layers()[d.rebuild_scale]->blobs()[0].get();
-  const Dtype* a = factors->cpu_data();
-  float max_a = 0;
-  for (int c = 0; c < factors->count(); ++c) max_a = std::max(max_a, std::fabs(float(a[c])));
+  const float max_a = MaxAbs(factors->cpu_data(), factors->count());
   if (!(max_a > 0) || !std::isfinite(max_a)) return bounds_.ForEntry(xn);  // nothing to keep
   return kRebuildShare * bounds_.ForEntry(d) / max_a;
 }
@@ -725,8 +736,8 @@ std::function<void(typename CometStore<Dtype>::Job*)> CometStore<Dtype>::Rebuild
     if (bias->count() != channels) return lossy;
     b.assign(bias->cpu_data(), bias->cpu_data() + channels);
   }
-  float max_a = 0;
-  for (int c = 0; c < channels; ++c) max_a = std::max(max_a, std::fabs(a[c]));
+  const float max_a = MaxAbs(a.data(), channels);
+  if (!std::isfinite(max_a)) return lossy;  // the check below could not hold
   const size_t inner = count / (static_cast<size_t>(blob->shape(0)) * channels);
   const float slope = e.rebuild_relu < 0 ? 0.f :
       net_->layers()[e.rebuild_relu]->layer_param().relu_param().negative_slope();
@@ -735,21 +746,19 @@ std::function<void(typename CometStore<Dtype>::Job*)> CometStore<Dtype>::Rebuild
   const float* data = reinterpret_cast<const float*>(blob->data()->cpu_data());
   const std::string name = e.blob;
   return [=](Job* j) {
-    float y = 0;  // the largest magnitude; NaN or Inf make `finite` false
+    float y = 0;  // the largest magnitude, from the mask's pass where there is a mask
+    shared_ptr<CometPayload> mask;
     bool finite = true;
-    for (size_t i = 0; i < count; ++i) {
-      const float m = std::fabs(data[i]);
-      if (m > y) y = m;
-      else if (!(m <= y)) finite = false;
+    if (relu) {
+      mask = CometEncodeMask(data, count, false, name, &y);
+      finite = static_cast<bool>(mask);  // NULL for NaN or Inf
+    } else {
+      y = CometMaxAbs(data, count, &finite);
     }
-    finite = finite && std::isfinite(y) && std::isfinite(max_a);
+    // NaN or Inf, or a value too large for the rounding margin: the lossy encode keeps it (or
+    // says so).
     if (!finite || !(error + kRebuildRounding * (y + error) <= eb)) {
       lossy(j);
-      return;
-    }
-    shared_ptr<CometPayload> mask;
-    if (relu && !(mask = CometEncodeMask(data, count, false, name))) {
-      lossy(j);  // NaN or Inf: the lossy encode keeps it (or says so)
       return;
     }
     j->payload = CometMakeDerived(source, a, b, inner, mask, slope, name);

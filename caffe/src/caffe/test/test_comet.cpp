@@ -328,6 +328,66 @@ TEST_F(CometPayloadTest, MaskKeepsTheSignAndRefusesNaN) {
   EXPECT_TRUE(CometEncodeMask(blob.cpu_data(), blob.count(), false, "x").get() == NULL);
 }
 
+// The rebuild of a blob that Scale and ReLU made from x_norm_ runs in pieces that start at
+// multiples of 32 while planes need not (ResNet's 28x28, 14x14 and 7x7 planes): every value must
+// be relu(a_c x + b_c) with its own plane's factors, across piece, plane and thread boundaries
+// and in a partial last mask word; the mask's pass gives the largest magnitude too.
+TEST_F(CometPayloadTest, RebuildAppliesEachPlanesFactorsAndTheMask) {
+  const int shapes[][4] = {{3, 5, 7, 7}, {4, 100, 14, 14}, {2, 64, 28, 28}};
+  for (int s = 0; s < 3; ++s) {
+    Blob<float> x_norm(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3]);
+    FillActivations(&x_norm, 0.f, 2.f, 20 + s);
+    caffe_add_scalar(x_norm.count(), -1.f, x_norm.mutable_cpu_data());  // in [-1, 1]
+    const int channels = x_norm.shape(1);
+    const size_t inner = x_norm.count(2), count = x_norm.count();
+    std::vector<float> a(channels), b(channels);
+    for (int c = 0; c < channels; ++c) {
+      a[c] = 0.5f + 0.01f * c;
+      b[c] = (c % 3 == 0) ? 0.3f : -0.2f * (c % 5);
+    }
+    for (int variant = 0; variant < 3; ++variant) {  // ReLU, leaky ReLU, no ReLU
+      const float slope = variant == 1 ? 0.1f : 0.f;
+      std::vector<float> y(count);
+      for (size_t i = 0; i < count; ++i) {
+        const int c = static_cast<int>((i / inner) % channels);
+        const float v = a[c] * x_norm.cpu_data()[i] + b[c];
+        y[i] = variant == 2 || v > 0 ? v : slope * v;
+      }
+      shared_ptr<CometPayload> source =
+          CometEncodeLossy(x_norm.cpu_data(), x_norm.shape(), false, 1e-3, "x_norm");
+      shared_ptr<CometPayload> mask;
+      if (variant < 2) {
+        float largest = -1;
+        mask = CometEncodeMask(y.data(), count, false, "y", &largest);
+        ASSERT_TRUE(mask.get() != NULL);
+        float want = 0;
+        for (size_t i = 0; i < count; ++i) want = std::max(want, std::fabs(y[i]));
+        EXPECT_EQ(largest, want) << "shape " << s;
+      }
+      shared_ptr<CometPayload> p = CometMakeDerived(source, a, b, inner, mask, slope, "y");
+      std::vector<float> out(count, -7.f);
+      std::string error;
+      ASSERT_TRUE(CometRebuild(*p, x_norm.cpu_data(), out.data(), &error)) << error;
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_NEAR(out[i], y[i], 1e-6f * std::fabs(y[i])) << "shape " << s << " variant "
+                                                            << variant << " value " << i;
+      if (mask) {  // a changed mask bit is caught
+        static_cast<uint32_t*>(mask->data())[count / 64] ^= 4u;
+        EXPECT_FALSE(CometRebuild(*p, x_norm.cpu_data(), out.data(), &error));
+      }
+    }
+  }
+  Blob<float> blob(1, 2, 10, 10);
+  FillActivations(&blob, 0.2f, 3.f, 5);
+  blob.mutable_cpu_data()[17] = -4.5f;
+  bool finite = false;
+  EXPECT_EQ(CometMaxAbs(blob.cpu_data(), blob.count(), &finite), 4.5f);
+  EXPECT_TRUE(finite);
+  blob.mutable_cpu_data()[199] = std::numeric_limits<float>::quiet_NaN();  // in the tail
+  CometMaxAbs(blob.cpu_data(), blob.count(), &finite);
+  EXPECT_FALSE(finite);
+}
+
 TEST_F(CometPayloadTest, SignMaskMakesLossySignsExactWithinTheBound) {
   Blob<float> blob(2, 4, 10, 10);
   FillActivations(&blob, 0.5f, 0.05f, 9);  // many values below eb: their sign would flip
