@@ -6,6 +6,7 @@
 // (i / 32), set when the value is positive.
 
 #include <stdint.h>
+#include <cstring>
 
 #ifdef __CUDACC__
 #define COMET_HD __host__ __device__ __forceinline__
@@ -46,6 +47,65 @@ COMET_HD uint32_t pack_word(const float* x, size_t count, size_t w, bool* nonfin
   }
   return word;
 }
+
+#ifndef __CUDACC__
+// The same functions on the host for a whole word of 32 values. A shift by the lane's number does
+// not vectorize on baseline x86-64 (SSE2 has no per-lane shift): a blob's signs took 29 ms per
+// 25.7 MB that way on one core. A test of each lane against a table of the 32 bits, and an
+// integer select between the two results, vectorizes: 2.2 ms. Results are bit for bit those of
+// the per-value functions (CometMaskTest.WordLoopsMatchTheValueFunctions).
+namespace word32 {
+inline const uint32_t* lane_bits() {
+  alignas(64) static const uint32_t bits[32] = {
+      1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
+      1u << 8,  1u << 9,  1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15,
+      1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
+      1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
+  return bits;
+}
+// set ? a : b, as bits: all ones or all zeros in set.
+inline float select(uint32_t set, float a, float b) {
+  uint32_t ia, ib;
+  std::memcpy(&ia, &a, sizeof(ia));
+  std::memcpy(&ib, &b, sizeof(ib));
+  const uint32_t r = (ia & set) | (ib & ~set);
+  float out;
+  std::memcpy(&out, &r, sizeof(out));
+  return out;
+}
+inline uint32_t lane_set(uint32_t word, const uint32_t* bits, int b) {
+  return 0u - static_cast<uint32_t>((word & bits[b]) != 0);
+}
+// o[b] = apply_sign(o[b], word, b)
+inline void apply_signs(float* o, uint32_t word) {
+  const uint32_t* bits = lane_bits();
+  const float tiny = 1.17549435e-38f;
+  for (int b = 0; b < 32; ++b) {
+    const float v = o[b];
+    o[b] = select(lane_set(word, bits, b), v > tiny ? v : tiny, v < 0.f ? v : 0.f);
+  }
+}
+// o[b] = value_of(word, b)
+inline void values(float* o, uint32_t word) {
+  const uint32_t* bits = lane_bits();
+  for (int b = 0; b < 32; ++b) o[b] = select(lane_set(word, bits, b), 1.f, 0.f);
+}
+// o[b] = relu_of(o[b], word, b, slope)
+inline void relu(float* o, uint32_t word, float slope) {
+  const uint32_t* bits = lane_bits();
+  const float tiny = 1.17549435e-38f;
+  for (int b = 0; b < 32; ++b) {
+    const float v = o[b], z = slope * v;
+    o[b] = select(lane_set(word, bits, b), v > tiny ? v : tiny, z < 0.f ? z : 0.f);
+  }
+}
+// out[b] = t[b] * (bit b set ? 1 : slope): comet_codes::relu_diff
+inline void relu_diff(const float* t, float* out, uint32_t word, float slope) {
+  const uint32_t* bits = lane_bits();
+  for (int b = 0; b < 32; ++b) out[b] = t[b] * select(lane_set(word, bits, b), 1.f, slope);
+}
+}  // namespace word32
+#endif
 
 }  // namespace comet_mask
 }  // namespace caffe

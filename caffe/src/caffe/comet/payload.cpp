@@ -443,11 +443,11 @@ bool CometReluBackward(const CometPayload& mask, const float* top_diff, float* b
     const uint32_t* words = static_cast<const uint32_t*>(mask.data());
     const size_t full = count / 32;
     ParallelRanges(full, 1, [&](size_t w0, size_t w1) {
-      for (size_t w = w0; w < w1; ++w) {  // fixed 32-wide inner loop, vectorizable
+      for (size_t w = w0; w < w1; ++w) {  // a word at a time, vectorized
         const float* t = top_diff + 32 * w;
         float* b = bottom_diff + 32 * w;
         const uint32_t word = words[w];
-        for (int k = 0; k < 32; ++k) b[k] = comet_codes::relu_diff(t[k], word, k, negative_slope);
+        comet_mask::word32::relu_diff(t, b, word, negative_slope);
       }
     });
     for (size_t i = 32 * full; i < count; ++i) {
@@ -471,13 +471,13 @@ bool DecodeMask(const CometPayload& p, float* out, bool apply_signs, std::string
     const uint32_t* words = static_cast<const uint32_t*>(p.data());
     const size_t full = p.count() / 32;
     ParallelRanges(full, 1, [&](size_t w0, size_t w1) {
-      for (size_t w = w0; w < w1; ++w) {  // fixed 32-wide inner loops, vectorizable
+      for (size_t w = w0; w < w1; ++w) {  // a word at a time, vectorized
         float* o = out + 32 * w;
         const uint32_t word = words[w];
         if (apply_signs) {
-          for (int b = 0; b < 32; ++b) o[b] = comet_mask::apply_sign(o[b], word, b);
+          comet_mask::word32::apply_signs(o, word);
         } else {
-          for (int b = 0; b < 32; ++b) o[b] = comet_mask::value_of(word, b);
+          comet_mask::word32::values(o, word);
         }
       }
     });
@@ -556,11 +556,7 @@ bool CometRebuild(const CometPayload& p, const float* x, float* out, std::string
       }
       if (!words) continue;
       const size_t w1 = p1 / 32;
-      for (size_t w = p0 / 32; w < w1; ++w) {
-        float* o = out + 32 * w;
-        const uint32_t word = words[w];
-        for (int bit = 0; bit < 32; ++bit) o[bit] = comet_mask::relu_of(o[bit], word, bit, slope);
-      }
+      for (size_t w = p0 / 32; w < w1; ++w) comet_mask::word32::relu(out + 32 * w, words[w], slope);
       for (size_t i = 32 * w1; i < p1; ++i)  // the last word of the blob, when partial
         out[i] = comet_mask::relu_of(out[i], words[w1], static_cast<int>(i % 32), slope);
     }

@@ -713,23 +713,20 @@ float CometStore<Dtype>::RebuildBound(const Entry& xn) const {
 // The encode of a blob that Scale (and ReLU) made from BatchNorm's output: its sign mask only,
 // with x_norm_'s stream of this step and a copy of Scale's factors, when those keep the blob
 // within eb; else the lossy encode as usual (x_norm_ kept dense this step, a factor or a value too
-// large for the rounding margin).
+// large for the rounding margin). x_norm_'s encode, queued after BatchNorm's forward, may still
+// be pending: the job waits for it on its own thread, so the step does not.
 template <typename Dtype>
 std::function<void(typename CometStore<Dtype>::Job*)> CometStore<Dtype>::RebuildOrLossy(
     const Entry& e, const Blob<Dtype>* blob, float eb, const std::function<void(Job*)>& lossy) {
   const int xn = e.rebuild_from;
-  std::vector<shared_ptr<Job> > pending;  // x_norm_'s encode, started after BatchNorm's forward
+  shared_ptr<Job> pending;  // x_norm_'s encode of this step, when not finished yet
   for (typename std::list<shared_ptr<Job> >::iterator j = jobs_.begin(); j != jobs_.end(); ++j)
-    if ((*j)->entry == xn) pending.push_back(*j);
-  for (int k = 0; k < pending.size(); ++k) Await(pending[k]);
-  const shared_ptr<CometPayload> source = entries_[xn].stored;
+    if ((*j)->entry == xn && (*j)->what == Job::ENCODE) pending = *j;
+  const shared_ptr<CometPayload> finished = entries_[xn].stored;
   Layer<Dtype>* sl = net_->layers()[e.rebuild_scale].get();
   const size_t count = blob->count();
   const int channels = sl->blobs()[0]->count();
-  if (!source || source->kind() != CometPayload::LOSSY || source->on_device() ||
-      source->count() != count || blob->num_axes() < 2 || blob->shape(1) != channels) {
-    return lossy;
-  }
+  if ((!pending && !finished) || blob->num_axes() < 2 || blob->shape(1) != channels) return lossy;
   std::vector<float> a(sl->blobs()[0]->cpu_data(), sl->blobs()[0]->cpu_data() + channels), b;
   if (sl->blobs().size() > 1) {
     const Blob<Dtype>* bias = sl->blobs()[1].get();
@@ -742,10 +739,21 @@ std::function<void(typename CometStore<Dtype>::Job*)> CometStore<Dtype>::Rebuild
   const float slope = e.rebuild_relu < 0 ? 0.f :
       net_->layers()[e.rebuild_relu]->layer_param().relu_param().negative_slope();
   const bool relu = e.rebuild_relu >= 0;
-  const double error = max_a * source->eb;  // x_norm_'s error through the largest factor
   const float* data = reinterpret_cast<const float*>(blob->data()->cpu_data());
   const std::string name = e.blob;
+  CometWorker* worker = worker_.get();
   return [=](Job* j) {
+    shared_ptr<CometPayload> source = finished;
+    if (pending) {  // jobs start in ticket order: x_norm_'s has started, maybe on another thread
+      worker->Wait(pending->ticket);
+      source = pending->error.empty() ? pending->payload : shared_ptr<CometPayload>();
+    }
+    if (!source || source->kind() != CometPayload::LOSSY || source->on_device() ||
+        source->count() != count) {
+      lossy(j);  // x_norm_ kept dense (or failed: its own job reports that)
+      return;
+    }
+    const double error = max_a * source->eb;  // x_norm_'s error through the largest factor
     float y = 0;  // the largest magnitude, from the mask's pass where there is a mask
     shared_ptr<CometPayload> mask;
     bool finite = true;

@@ -309,6 +309,40 @@ TEST_F(CometPayloadTest, LossyRespectsTheBoundAndKeepsZeros) {
   }
 }
 
+// The host's word loops (vectorized) must give what the per-value functions give, which the GPU
+// kernels use: every bit of every result, over random words and values that sit on the edges
+// (signed zeros, the smallest normal, subnormals, huge, NaN).
+TEST(CometMaskTest, WordLoopsMatchTheValueFunctions) {
+  const float edges[] = {0.f, -0.f, 1.17549435e-38f, -1.17549435e-38f, 1e-40f, -1e-40f, 3e38f,
+                         -3e38f, 1.f, -1.f, std::numeric_limits<float>::quiet_NaN()};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  const float slopes[] = {0.f, 0.1f, 1.f};
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, sizeof(a)) == 0; };
+  for (int round = 0; round < 2000; ++round) {
+    const uint32_t word = round == 0 ? 0u : round == 1 ? ~0u : static_cast<uint32_t>(rng());
+    float x[32], t[32];
+    for (int b = 0; b < 32; ++b) {
+      x[b] = rng() % 4 == 0 ? edges[rng() % 11] : u(rng);
+      t[b] = u(rng);
+    }
+    const float slope = slopes[round % 3];
+    float signs[32], values[32], relu[32], diff[32];
+    std::memcpy(signs, x, sizeof(x));
+    std::memcpy(relu, x, sizeof(x));
+    comet_mask::word32::apply_signs(signs, word);
+    comet_mask::word32::values(values, word);
+    comet_mask::word32::relu(relu, word, slope);
+    comet_mask::word32::relu_diff(t, diff, word, slope);
+    for (int b = 0; b < 32; ++b) {
+      ASSERT_TRUE(same(signs[b], comet_mask::apply_sign(x[b], word, b))) << round << " " << b;
+      ASSERT_TRUE(same(values[b], comet_mask::value_of(word, b))) << round << " " << b;
+      ASSERT_TRUE(same(relu[b], comet_mask::relu_of(x[b], word, b, slope))) << round << " " << b;
+      ASSERT_TRUE(same(diff[b], comet_codes::relu_diff(t[b], word, b, slope))) << round << " " << b;
+    }
+  }
+}
+
 TEST_F(CometPayloadTest, MaskKeepsTheSignAndRefusesNaN) {
   Blob<float> blob(1, 3, 7, 5);  // 105 values: the last word is partial
   FillActivations(&blob, 0.5f, 1.f, 2);
