@@ -24,10 +24,13 @@ class CometTeam {
   static CometTeam& Get();
   // Runs task(arg, t) for t in [0, n), task 0 on the calling thread, and returns when all ran.
   // The team's threads claim tasks as they come, except on the cores that busy workers keep
-  // (CometWorker::AnyBusy): on 2 cores the caller then runs every task itself. A call that
-  // finds the team busy gets threads of its own, or with fork_when_busy false runs every task
-  // on the caller.
+  // (CometWorker::AnyBusy): on 2 cores the caller runs the tasks itself while the worker works,
+  // and a team thread joins for those left when the worker goes idle (CoreFreed). A call that
+  // finds the team busy gets threads of its own, or with fork_when_busy false (or no core free)
+  // runs every task on the caller.
   void Run(int n, void (*task)(void*, int), void* arg, bool fork_when_busy = true);
+  // A worker went idle: team threads waiting for a core join the call in progress.
+  void CoreFreed();
   size_t size() const { return threads_.size() + 1; }  // the caller included
   // Calls that found the team busy and made threads of their own, since the start.
   static uint64_t forked_calls();
@@ -35,14 +38,16 @@ class CometTeam {
  private:
   CometTeam();
   void Serve();
-  void Work(std::unique_lock<std::mutex>* lock);  // claims and runs tasks while any are left
+  // Claims and runs tasks while any are left (a team thread: while a core is free for it).
+  void Work(std::unique_lock<std::mutex>* lock, bool helper);
+  int FreeCores() const;
 
   std::mutex busy_;  // one Run at a time
   std::mutex mutex_;
   std::condition_variable go_, done_;
   uint64_t generation_;
   int n_, next_, left_;
-  int helpers_;  // team threads that may still join this call
+  int active_;   // team threads running tasks of this call
   void (*task_)(void*, int);
   void* arg_;
   std::vector<std::thread> threads_;

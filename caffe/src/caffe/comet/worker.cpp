@@ -21,14 +21,20 @@ CometTeam& CometTeam::Get() {
 uint64_t CometTeam::forked_calls() { return forked.load(); }
 
 CometTeam::CometTeam()
-    : generation_(0), n_(0), next_(0), left_(0), helpers_(0), task_(NULL), arg_(NULL) {
+    : generation_(0), n_(0), next_(0), left_(0), active_(0), task_(NULL), arg_(NULL) {
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   for (unsigned i = 1; i < hw; ++i) threads_.push_back(std::thread(&CometTeam::Serve, this));
   for (size_t i = 0; i < threads_.size(); ++i) threads_[i].detach();
 }
 
-void CometTeam::Work(std::unique_lock<std::mutex>* lock) {
-  while (next_ < n_) {
+// Cores the team's threads may use now: those that no busy worker keeps.
+int CometTeam::FreeCores() const {
+  return std::max(0, static_cast<int>(size()) - 1 - busy_workers.load());
+}
+
+void CometTeam::Work(std::unique_lock<std::mutex>* lock, bool helper) {
+  // A helper stops claiming when a worker has taken its core back (it finishes its task first).
+  while (next_ < n_ && (!helper || active_ <= FreeCores())) {
     const int t = next_++;
     void (*task)(void*, int) = task_;
     void* arg = arg_;
@@ -45,22 +51,33 @@ void CometTeam::Serve() {
   for (;;) {
     go_.wait(lock, [this, seen] { return generation_ != seen; });
     seen = generation_;
-    if (helpers_ == 0) continue;  // this call leaves the core to a worker
-    --helpers_;
-    Work(&lock);
+    // Joins the call on a core no busy worker keeps: at once, or when a worker goes idle while
+    // tasks are left (CoreFreed), so that a product started while the worker encoded does not
+    // leave that core idle once the encode is done.
+    while (generation_ == seen && next_ < n_) {
+      if (active_ < FreeCores()) {
+        ++active_;
+        Work(&lock, true);
+        --active_;
+      } else {
+        go_.wait(lock);  // CoreFreed, or the next call
+      }
+    }
   }
 }
 
+void CometTeam::CoreFreed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (next_ < n_) go_.notify_all();
+}
+
 void CometTeam::Run(int n, void (*task)(void*, int), void* arg, bool fork_when_busy) {
-  // A busy worker keeps a core of its own: the team's threads on the others (none on 2 cores).
-  const int helpers = std::min(static_cast<int>(threads_.size()),
-                               static_cast<int>(size()) - 1 - busy_workers.load());
-  if (n <= 1 || helpers <= 0) {
+  if (n <= 1 || threads_.empty()) {
     for (int t = 0; t < n; ++t) task(arg, t);
     return;
   }
   std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-  if (!busy.owns_lock() && !fork_when_busy) {
+  if (!busy.owns_lock() && (!fork_when_busy || FreeCores() == 0)) {
     for (int t = 0; t < n; ++t) task(arg, t);
     return;
   }
@@ -72,20 +89,21 @@ void CometTeam::Run(int n, void (*task)(void*, int), void* arg, bool fork_when_b
     for (size_t t = 0; t < own.size(); ++t) own[t].join();
     return;
   }
+  // Posted even when busy workers keep every other core (on 2 cores, while the worker encodes):
+  // a team thread joins when one goes idle.
   std::unique_lock<std::mutex> lock(mutex_);
   task_ = task;
   arg_ = arg;
   n_ = n;
   next_ = 1;  // task 0 is the caller's
   left_ = n;
-  helpers_ = helpers;
   ++generation_;
   go_.notify_all();
   lock.unlock();
   task(arg, 0);
   lock.lock();
   if (--left_ == 0) done_.notify_all();
-  Work(&lock);  // the caller helps with tasks beyond the team's size
+  Work(&lock, false);  // the caller claims the tasks no team thread has
   done_.wait(lock, [this] { return left_ == 0; });
 }
 
@@ -172,11 +190,17 @@ void CometWorker::Run() {
     }
     next.second();  // jobs report their own failures in their results; they do not throw
     lock.lock();
-    if (queue_.empty()) {
+    const bool idle = queue_.empty();
+    if (idle) {
       busy = false;
       --busy_workers;
     }
     Ended(next.first);
+    if (idle) {  // this core is free again: a product running on the step alone may use it
+      lock.unlock();
+      CometTeam::Get().CoreFreed();
+      lock.lock();
+    }
   }
 }
 

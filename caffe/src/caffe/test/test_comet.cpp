@@ -151,6 +151,47 @@ TEST(CometTeamTest, RunsEveryTaskOnceAlsoWhenTwoThreadsCallAtOnce) {
   EXPECT_EQ(b.hits, std::vector<int>(5, 300));
 }
 
+// On 2 cores a call made while the worker is busy runs on the caller alone (the worker keeps the
+// other core), and a team thread joins for the tasks left as soon as the worker goes idle, so
+// that core does not idle until the call ends.
+TEST(CometTeamTest, ATeamThreadJoinsWhenTheWorkerGoesIdle) {
+  if (CometTeam::Get().size() != 2) return;  // the rule below is the 2-core one
+  struct Tasks {
+    std::mutex m;
+    std::vector<std::thread::id> ran;
+    std::mutex* gate;  // held while the worker is busy; task 0 lets the worker finish
+    bool release;
+    static void Run(void* arg, int t) {
+      Tasks* k = static_cast<Tasks*>(arg);
+      if (t == 0 && k->release) k->gate->unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::lock_guard<std::mutex> lock(k->m);
+      k->ran[t] = std::this_thread::get_id();
+    }
+  };
+  for (int release = 0; release < 2; ++release) {
+    CometWorker worker;
+    std::mutex gate;
+    gate.lock();
+    const uint64_t job = worker.Submit([&gate] { std::lock_guard<std::mutex> hold(gate); });
+    while (!CometWorker::AnyBusy()) std::this_thread::yield();
+    Tasks k;
+    k.ran.assign(12, std::thread::id());
+    k.gate = &gate;
+    k.release = release == 1;
+    CometTeam::Get().Run(12, &Tasks::Run, &k);
+    int others = 0;
+    for (int t = 0; t < 12; ++t) others += k.ran[t] != std::this_thread::get_id();
+    if (release) {
+      EXPECT_GT(others, 0) << "no team thread joined after the worker went idle";
+    } else {
+      EXPECT_EQ(others, 0) << "a team thread took the busy worker's core";
+      gate.unlock();
+    }
+    worker.Wait(job);
+  }
+}
+
 // Tiled products: every transpose, beta 0 and not, tiles along rows and along columns. The team's
 // result equals the tiles run one after the other on one thread bit for bit (who runs a tile
 // changes nothing), also while a worker is busy (the step then runs every tile itself on 2
