@@ -271,7 +271,8 @@ shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool o
     if (full < nwords) {
       words[full] = comet_mask::pack_word(data, count, full, &nonfinite);
       popcount += __builtin_popcount(words[full]);
-      for (size_t i = 32 * full; i < count; ++i) largest = std::max(largest, std::fabs(data[i]));
+      if (max_abs)
+        for (size_t i = 32 * full; i < count; ++i) largest = std::max(largest, std::fabs(data[i]));
     }
     if (max_abs) *max_abs = largest;
   } else {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -91,16 +92,14 @@ float* InFlightDenseFor(SyncedMemory* mem, const CometPayload& p, const std::str
   return out;
 }
 
-// The largest factor's magnitude (a Scale layer's per-channel factors); NaN when one is NaN.
+// The largest factor's magnitude (a Scale layer's per-channel factors); NaN when one is not
+// finite, which no bound check passes.
 template <typename Dtype>
-float MaxAbs(const Dtype* a, int n) {
-  float m = 0;
-  for (int c = 0; c < n; ++c) {
-    const float v = std::fabs(static_cast<float>(a[c]));
-    if (v != v) return v;
-    m = std::max(m, v);
-  }
-  return m;
+float LargestFactor(const Dtype* a, int n) {
+  const std::vector<float> f(a, a + n);
+  bool finite = true;
+  const float m = CometMaxAbs(f.data(), f.size(), &finite);
+  return finite ? m : std::numeric_limits<float>::quiet_NaN();
 }
 
 }  // namespace
@@ -705,7 +704,7 @@ template <typename Dtype>
 float CometStore<Dtype>::RebuildBound(const Entry& xn) const {
   const Entry& d = entries_[xn.rebuilds];
   const Blob<Dtype>* factors = net_->layers()[d.rebuild_scale]->blobs()[0].get();
-  const float max_a = MaxAbs(factors->cpu_data(), factors->count());
+  const float max_a = LargestFactor(factors->cpu_data(), factors->count());
   if (!(max_a > 0) || !std::isfinite(max_a)) return bounds_.ForEntry(xn);  // nothing to keep
   return kRebuildShare * bounds_.ForEntry(d) / max_a;
 }
@@ -733,7 +732,7 @@ std::function<void(typename CometStore<Dtype>::Job*)> CometStore<Dtype>::Rebuild
     if (bias->count() != channels) return lossy;
     b.assign(bias->cpu_data(), bias->cpu_data() + channels);
   }
-  const float max_a = MaxAbs(a.data(), channels);
+  const float max_a = LargestFactor(a.data(), channels);
   if (!std::isfinite(max_a)) return lossy;  // the check below could not hold
   const size_t inner = count / (static_cast<size_t>(blob->shape(0)) * channels);
   const float slope = e.rebuild_relu < 0 ? 0.f :
