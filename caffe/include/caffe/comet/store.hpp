@@ -91,6 +91,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   void FinishAll();
   void DecodeAhead(int layer);            // the stored inputs of the next backward layers
   void DecodeAheadRebuilt(int entry, const shared_ptr<CometPayload>& p);
+  void RebuildAhead(int entry);           // a REBUILD buffer of the next backward layers
   bool PoolHasRoomFor(size_t bytes) const;  // below the host pool's peak in use
   // A blob rebuilt from BatchNorm's x_norm_ (plan entry rebuild_from, CPU mode).
   float RebuildBound(const Entry& x_norm) const;

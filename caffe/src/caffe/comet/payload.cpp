@@ -252,8 +252,7 @@ shared_ptr<CometPayload> CometEncodeMask(const float* data, size_t count, bool o
       float lanes[32] = {0};
       for (size_t w = w0; w < w1; ++w) {  // fixed 32-wide inner loops: vectorized
         const float* x = data + 32 * w;
-        uint32_t word = 0;
-        for (int b = 0; b < 32; ++b) word |= static_cast<uint32_t>(comet_mask::bit_of(x[b])) << b;
+        const uint32_t word = comet_mask::word32::pack(x);
         for (int b = 0; b < 32; ++b) fin &= comet_mask::finite(x[b]);
         if (max_abs) MaxAbs32(x, lanes);
         words[w] = word;

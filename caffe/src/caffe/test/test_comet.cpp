@@ -375,6 +375,8 @@ TEST(CometMaskTest, WordLoopsMatchTheValueFunctions) {
     comet_mask::word32::values(values, word);
     comet_mask::word32::relu(relu, word, slope);
     comet_mask::word32::relu_diff(t, diff, word, slope);
+    bool nonfinite = false;
+    ASSERT_EQ(comet_mask::word32::pack(x), comet_mask::pack_word(x, 32, 0, &nonfinite)) << round;
     for (int b = 0; b < 32; ++b) {
       ASSERT_TRUE(same(signs[b], comet_mask::apply_sign(x[b], word, b))) << round << " " << b;
       ASSERT_TRUE(same(values[b], comet_mask::value_of(word, b))) << round << " " << b;
@@ -1901,6 +1903,68 @@ TEST_F(CometStoreTest, AsyncWorkTrainsBitIdenticallyToWorkInTheStep) {
   EXPECT_TRUE(CometLayerAccess<float>::bn_x_norm(n->layer_by_name("bn2").get())->data()
                   ->comet_payload().get() != NULL);
   n->Backward();
+}
+
+// BatchNorm's temp_ and an in-place Scale's copy of x_norm_ are made on the worker ahead of
+// their backward, beside x_norm_'s decode, in memory the backward pass has freed (the host
+// pool's blocks below its peak in use, 1 MiB and more): sc2's copy during sum's backward,
+// bn2's temp_ during sc2's. With decode_ahead: 0 each is made in the step before its own
+// layer's backward; training is the same bit for bit.
+TEST_F(CometStoreTest, RebuiltBuffersAreMadeAheadInMemoryTheBackwardFreed) {
+  const std::string conv = " weight_filler { type: 'gaussian' std: 0.1 } bias_term: false } } ";
+  const std::string net =
+      "name: 'ahead' "
+      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "  dummy_data_param { shape { dim: 2 dim: 3 dim: 128 dim: 128 } shape { dim: 2 } "
+      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "  convolution_param { num_output: 16 kernel_size: 3 pad: 1" + conv +
+      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'sc1' type: 'Scale' bottom: 'conv1' top: 'conv1' scale_param { bias_term: true } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2' "
+      "  convolution_param { num_output: 16 kernel_size: 3 pad: 1" + conv +
+      "layer { name: 'bn2' type: 'BatchNorm' bottom: 'conv2' top: 'conv2' } "
+      "layer { name: 'sc2' type: 'Scale' bottom: 'conv2' top: 'conv2' scale_param { bias_term: true } } "
+      "layer { name: 'sum' type: 'Eltwise' bottom: 'conv1' bottom: 'conv2' top: 'sum' } "
+      "layer { name: 'relu2' type: 'ReLU' bottom: 'sum' top: 'sum' } "
+      "layer { name: 'gap' type: 'Pooling' bottom: 'sum' top: 'gap' "
+      "  pooling_param { pool: AVE global_pooling: true } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'gap' top: 'ip' "
+      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const char* comet[] = {"decode_ahead: 0", ""};
+  shared_ptr<Solver<float> > solvers[2];
+  for (int k = 0; k < 2; ++k) {
+    solvers[k] = SolverFor(net, std::string("comet { eb_mode: FIXED error_bound: 0.01 "
+                                            "max_in_flight_mb: 64 ") + comet[k] + " }");
+    Run(solvers[k].get(), 3);
+  }
+  const std::vector<float> a = Params(solvers[0].get()), b = Params(solvers[1].get());
+  ASSERT_EQ(a.size(), b.size());
+  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;
+  for (int k = 0; k < 2; ++k) {
+    caffe::Net<float>* n = solvers[k]->net().get();
+    const std::vector<std::string>& names = n->layer_names();
+    const int sum = std::find(names.begin(), names.end(), "sum") - names.begin();
+    ASSERT_EQ(names[sum - 1], "sc2");
+    const SyncedMemory* copy =
+        CometLayerAccess<float>::rebuildable(n->layer_by_name("sc2").get())->data().get();
+    const SyncedMemory* temp =
+        CometLayerAccess<float>::rebuildable(n->layer_by_name("bn2").get())->data().get();
+    ASSERT_GE(copy->size(), size_t(1) << 20) << "a block of the host pool";
+    n->Forward();
+    ASSERT_EQ(copy->head(), SyncedMemory::UNINITIALIZED);
+    ASSERT_EQ(temp->head(), SyncedMemory::UNINITIALIZED);
+    n->BackwardFromTo(n->layers().size() - 1, sum);
+    EXPECT_EQ(copy->head() != SyncedMemory::UNINITIALIZED, k == 1) << comet[k];
+    EXPECT_EQ(temp->head(), SyncedMemory::UNINITIALIZED) << comet[k];
+    n->BackwardFromTo(sum - 1, sum - 1);
+    EXPECT_EQ(copy->head(), SyncedMemory::UNINITIALIZED) << "freed after sc2's backward";
+    EXPECT_EQ(temp->head() != SyncedMemory::UNINITIALIZED, k == 1) << comet[k];
+    n->BackwardFromTo(sum - 2, 0);
+    EXPECT_EQ(temp->head(), SyncedMemory::UNINITIALIZED) << "freed after bn2's backward";
+  }
 }
 
 // A net whose convolutions are tiled: while the store lives those products run as tiles (one
