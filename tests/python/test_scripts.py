@@ -87,3 +87,20 @@ def test_dump_activations_writes_the_inputs_comet_stores_from_real_photos(tmp_pa
     pool1 = files["caffenet_pool1.npy"]
     assert pool1.dtype == np.float32 and pool1.min() >= 0 and pool1.max() > 0  # after ReLU, not zeros
     assert not np.array_equal(pool1[0], pool1[1])  # two different photos
+
+
+@pytest.mark.skipif(not (ROOT / "build" / "cpu" / "cmake" / "lib" / "libcaffe.so").exists(),
+                    reason="scripts/bench_loops needs the CPU build (CI always builds it first)")
+def test_bench_loops_times_every_loop_and_checks_its_results():
+    # A small blob (2x8x16x40: not a multiple of 32 per plane), one run of each loop. The program
+    # exits 1 when a loop's result is wrong (the fill against upstream's products, the rebuild
+    # against the bound).
+    run = subprocess.run([str(ROOT / "scripts" / "bench_loops"), "2", "8", "16", "40", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| worker") or line.startswith("| step")]
+    assert len(rows) == 14, run.stdout
+    for row in rows:
+        ms = float(row.split("|")[3])
+        assert ms >= 0, row
+    assert "blob 2x8x16x40" in run.stdout
