@@ -1598,33 +1598,43 @@ TEST_F(CometStoreTest, ExactStagesAreBitIdenticalToCometOff) {
 }
 
 // A residual block as ResNets write it: Convolution, BatchNorm, Scale and ReLU in place on one
-// blob, an Eltwise SUM shortcut through Split, global average pooling, and the label read by
-// both the loss and Accuracy in TRAIN. With the exact stages (masks, releases, freed diffs and
-// BatchNorm's and Scale's temp_ rebuilt) training matches COMET off bit for bit.
+// blob, an Eltwise SUM shortcut through Split, global average pooling and a softmax loss, on a
+// batch of `num` 3-channel images of size x size, `channels` wide; with `accuracy`, the label
+// is also read by Accuracy in TRAIN.
+static std::string ResidualBlockNet(int num, int size, int channels, const char* weight_std,
+                                    bool accuracy) {
+  std::ostringstream n;
+  const std::string conv = std::string(" weight_filler { type: 'gaussian' std: ") + weight_std +
+                           " } bias_term: false } } ";
+  n << "name: 'residual' "
+       "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+       "  dummy_data_param { shape { dim: " << num << " dim: 3 dim: " << size << " dim: " << size
+    << " } shape { dim: " << num << " } "
+       "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3 } } } ";
+  for (int k = 1; k <= 2; ++k) {
+    const std::string c = k == 1 ? "conv1" : "conv2", from = k == 1 ? "data" : "conv1";
+    n << "layer { name: '" << c << "' type: 'Convolution' bottom: '" << from << "' top: '" << c
+      << "' convolution_param { num_output: " << channels << " kernel_size: 3 pad: 1" << conv
+      << "layer { name: 'bn" << k << "' type: 'BatchNorm' bottom: '" << c << "' top: '" << c << "' } "
+      << "layer { name: 'sc" << k << "' type: 'Scale' bottom: '" << c << "' top: '" << c
+      << "' scale_param { bias_term: true } } ";
+    if (k == 1) n << "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } ";
+  }
+  n << "layer { name: 'sum' type: 'Eltwise' bottom: 'conv1' bottom: 'conv2' top: 'sum' } "
+       "layer { name: 'relu2' type: 'ReLU' bottom: 'sum' top: 'sum' } "
+       "layer { name: 'gap' type: 'Pooling' bottom: 'sum' top: 'gap' "
+       "  pooling_param { pool: AVE global_pooling: true } } "
+       "layer { name: 'ip' type: 'InnerProduct' bottom: 'gap' top: 'ip' "
+       "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } } } "
+       "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  if (accuracy) n << "layer { name: 'acc' type: 'Accuracy' bottom: 'ip' bottom: 'label' top: 'acc' } ";
+  return n.str();
+}
+
+// The residual block with the exact stages (masks, releases, freed diffs and BatchNorm's and
+// Scale's temp_ rebuilt): training matches COMET off bit for bit.
 TEST_F(CometStoreTest, ResidualBlockTrainsBitIdenticallyWithExactStages) {
-  const std::string conv = " weight_filler { type: 'gaussian' std: 0.2 } bias_term: false } } ";
-  const std::string net =
-      "name: 'residual' "
-      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "  dummy_data_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 } "
-      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
-      "  convolution_param { num_output: 6 kernel_size: 3 pad: 1" + conv +
-      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' } "
-      "layer { name: 'sc1' type: 'Scale' bottom: 'conv1' top: 'conv1' scale_param { bias_term: true } } "
-      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
-      "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2' "
-      "  convolution_param { num_output: 6 kernel_size: 3 pad: 1" + conv +
-      "layer { name: 'bn2' type: 'BatchNorm' bottom: 'conv2' top: 'conv2' } "
-      "layer { name: 'sc2' type: 'Scale' bottom: 'conv2' top: 'conv2' scale_param { bias_term: true } } "
-      "layer { name: 'sum' type: 'Eltwise' bottom: 'conv1' bottom: 'conv2' top: 'sum' } "
-      "layer { name: 'relu2' type: 'ReLU' bottom: 'sum' top: 'sum' } "
-      "layer { name: 'gap' type: 'Pooling' bottom: 'sum' top: 'gap' "
-      "  pooling_param { pool: AVE global_pooling: true } } "
-      "layer { name: 'ip' type: 'InnerProduct' bottom: 'gap' top: 'ip' "
-      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } } } "
-      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } "
-      "layer { name: 'acc' type: 'Accuracy' bottom: 'ip' bottom: 'label' top: 'acc' } ";
+  const std::string net = ResidualBlockNet(4, 8, 6, "0.2", true);
   shared_ptr<Solver<float> > solvers[2];
   std::vector<float> initial;
   const char* comet[] = {"", "comet { compress_type: 'None' }"};
@@ -1911,28 +1921,7 @@ TEST_F(CometStoreTest, AsyncWorkTrainsBitIdenticallyToWorkInTheStep) {
 // bn2's temp_ during sc2's. With decode_ahead: 0 each is made in the step before its own
 // layer's backward; training is the same bit for bit.
 TEST_F(CometStoreTest, RebuiltBuffersAreMadeAheadInMemoryTheBackwardFreed) {
-  const std::string conv = " weight_filler { type: 'gaussian' std: 0.1 } bias_term: false } } ";
-  const std::string net =
-      "name: 'ahead' "
-      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "  dummy_data_param { shape { dim: 2 dim: 3 dim: 128 dim: 128 } shape { dim: 2 } "
-      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
-      "  convolution_param { num_output: 16 kernel_size: 3 pad: 1" + conv +
-      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' } "
-      "layer { name: 'sc1' type: 'Scale' bottom: 'conv1' top: 'conv1' scale_param { bias_term: true } } "
-      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
-      "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2' "
-      "  convolution_param { num_output: 16 kernel_size: 3 pad: 1" + conv +
-      "layer { name: 'bn2' type: 'BatchNorm' bottom: 'conv2' top: 'conv2' } "
-      "layer { name: 'sc2' type: 'Scale' bottom: 'conv2' top: 'conv2' scale_param { bias_term: true } } "
-      "layer { name: 'sum' type: 'Eltwise' bottom: 'conv1' bottom: 'conv2' top: 'sum' } "
-      "layer { name: 'relu2' type: 'ReLU' bottom: 'sum' top: 'sum' } "
-      "layer { name: 'gap' type: 'Pooling' bottom: 'sum' top: 'gap' "
-      "  pooling_param { pool: AVE global_pooling: true } } "
-      "layer { name: 'ip' type: 'InnerProduct' bottom: 'gap' top: 'ip' "
-      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } } } "
-      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const std::string net = ResidualBlockNet(2, 128, 16, "0.1", false);  // 2 MiB blobs
   const char* comet[] = {"decode_ahead: 0", ""};
   shared_ptr<Solver<float> > solvers[2];
   for (int k = 0; k < 2; ++k) {
