@@ -37,7 +37,7 @@
 namespace szi {
 
 constexpr uint32_t kHeaderSize = 104;
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: checksum terms as products (checksum.h); 1 is refused
 constexpr uint64_t kMaxElems = 1ULL << 40;
 constexpr uint64_t kStoredFlag = 1ULL << 63;
 constexpr uint32_t kMinChunk = 4096, kMaxChunk = 1u << 30;
