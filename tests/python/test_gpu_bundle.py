@@ -432,6 +432,37 @@ def test_env_sh_search_order(root, tmp_path):
     p = find()
     assert "CUDA libraries not found: libfakeblas.so.98" in p.stderr, p.stderr
 
+    # cuDNN and NCCL: PyTorch's wheel folders before CUDA's ($CUDA_HOME here), and a copy that needs a
+    # newer glibc than the bundle's is passed over (the first GPU run: the machine's own libnccl.so.2
+    # in /usr/lib/x86_64-linux-gnu asked for GLIBC_2.38 and every cuDNN step stopped at load time)
+    (tmp_path / "cudahome" / "lib64" / "libfakednn.so.9").touch()
+    (tmp_path / "cudahome" / "lib64" / "libfakeccl.so.2").write_bytes(b"\x7fELF\0GLIBC_2.999\0")
+    p = find(CUDA_HOME=str(tmp_path / "cudahome"))
+    assert p.stdout.splitlines()[1] == f"[:{dnn}][libfakeccl.so.2]", p.stdout
+    (tmp_path / "cudahome" / "lib64" / "libfakeccl.so.2").write_bytes(b"\x7fELF\0GLIBC_2.17\0GLIBC_2.28\0")
+    p = find(CUDA_HOME=str(tmp_path / "cudahome"))
+    assert p.stdout.splitlines()[1] == f"[:{dnn}:{tmp_path / 'cudahome' / 'lib64'}][]", p.stdout
+
+
+def test_death_tests_run_again_through_the_wrapper(bundle, tmp_path):
+    """gtest's threadsafe death tests execute argv[0] again. The wrappers hand the loader --argv0 (their own
+    path), so that child loads the bundle's libraries too. The first GPU run failed five such tests with
+    "libcaffe.so.1.0.0: cannot open shared object file": there the build tree's RUNPATH, which hides the
+    problem here, points nowhere; so it is blanked in the copy under test."""
+    subprocess.run(["tar", "-C", str(tmp_path), "-xf", str(bundle)], check=True)
+    top = tmp_path / "gpu-check"
+    exe = top / "libexec" / "test.testbin"
+    data = exe.read_bytes()
+    build = str(ROOT / "build").encode()
+    assert build in data or b"RUNPATH" not in data
+    exe.write_bytes(data.replace(build, b"/" * len(build)))
+    test = "CometStoreTest.CorruptStoredActivationIsDetected"
+    p = subprocess.run([str(top / "bin" / "test.testbin"), f"--gtest_filter={test}"], cwd=top / "testroot",
+                       capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and f"[       OK ] {test}" in out, out[-3000:]
+    assert not LOAD_FAILURE.search(out), out[-3000:]
+
 
 # ---------------------------------------------------------------------------- the check itself
 
@@ -447,7 +478,7 @@ def test_gpu_check_without_a_gpu_names_each_step_and_writes_few_files(bundle, tm
     assert summary.startswith("COMET-Caffe GPU check: FAIL")
     for step in ("device", "gtest-comet", "gtest-comet-cudnn", "sz-test-gpu", "sz-bench", "train-caffenet-off",
                  "train-caffenet-on", "train-caffenet-cudnn-off", "train-caffenet-cudnn-on", "train-resnet18-off",
-                 "train-resnet18-on", "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "gtest-upstream",
+                 "train-resnet18-on", "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "plan-caffenet", "gtest-upstream",
                  "gtest-upstream-double"):
         assert re.search(rf"^{re.escape(step)} +(PASS|FAIL|TIMEOUT|SKIP) ", summary, re.M), (step, summary)
     # no GPU here, so none to spread -gpu all over: not applicable, which alone would not make it INCOMPLETE
