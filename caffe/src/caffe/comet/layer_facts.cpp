@@ -243,9 +243,12 @@ void EmbedRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
 // ------------------------------------------------------------------------------------- losses
 // The loss's own top holds the loss weight in its diff; the store never touches it.
 // SoftmaxWithLoss and InfogainLoss: the gradient comes from their own softmax (prob_) and the
-// label; their optional second top is that softmax (it shares prob_'s memory).
+// label; their optional second top is that softmax (it shares prob_'s memory). SoftmaxWithLoss's
+// Backward_gpu also takes top[0]->gpu_data() (unused, but the call needs live memory: found by the
+// checker on the first GPU run); the loss is one value, so the row says it is read on both devices.
 template <typename Dtype>
 void SoftmaxLossRow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f) {
+  f->top[0] = COMET_READS_VALUE;
   f->bottom[1] = COMET_READS_VALUE;
   if (s.bottoms > 2) f->bottom[2] = COMET_READS_VALUE;  // InfogainLoss's matrix as a bottom
   if (s.tops > 1) f->top[1] = COMET_READS_VALUE;

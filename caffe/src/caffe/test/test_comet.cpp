@@ -1494,7 +1494,9 @@ class CometStoreTest : public ::testing::Test {
   }
 
   // Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
-  // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
+  // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly. Caffe's
+  // engines, named: a cuDNN build would otherwise make cuDNN's LRN, pooling and ReLU, which keep no
+  // such buffers (the first GPU run found "norm1 scale" missing in the cuDNN build).
   void CheckLayerBuffers() {
     const std::string net =
         "name: 'buffers' "
@@ -1502,13 +1504,13 @@ class CometStoreTest : public ::testing::Test {
         "  dummy_data_param { shape { dim: 4 dim: 3 dim: 15 dim: 15 } shape { dim: 4 } "
         "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 2 } } } "
         "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
-        "  convolution_param { num_output: 6 kernel_size: 3 "
+        "  convolution_param { num_output: 6 kernel_size: 3 engine: CAFFE "
         "    weight_filler { type: 'gaussian' std: 0.2 } bias_filler { type: 'constant' value: 0.1 } } } "
-        "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+        "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' relu_param { engine: CAFFE } } "
         "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
-        "  pooling_param { pool: MAX kernel_size: 3 stride: 2 } } "
+        "  pooling_param { pool: MAX kernel_size: 3 stride: 2 engine: CAFFE } } "
         "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' "
-        "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 } } "
+        "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 engine: CAFFE } } "
         "layer { name: 'ip1' type: 'InnerProduct' bottom: 'norm1' top: 'ip1' "
         "  inner_product_param { num_output: 64 weight_filler { type: 'gaussian' std: 0.1 } } } "
         "layer { name: 'drop1' type: 'Dropout' bottom: 'ip1' top: 'ip1' "
