@@ -283,7 +283,8 @@ def _checks(ctx, param, value):
               help="Solver prototxt, e.g. models/bvlc_reference_caffenet/solver.prototxt.")
 @click.option("--cpu", is_flag=True, help="Plan for the CPU [default: as the solver says].")
 @click.option("--gpu", type=int, default=None, metavar="ID",
-              help="Plan for this GPU (figures are the store's device bytes: unmeasured).")
+              help="Plan for this GPU (figures are nvidia-smi's peaks; without nvidia-smi the store's "
+                   "device bytes, printed as unmeasured).")
 @click.option("--memory", default=None, metavar="SIZE",
               help="A budget, e.g. 8GiB, 4096MiB or 500MB: print the largest batch that fits, COMET off and on.")
 @click.option("--batch", "check", multiple=True, callback=_checks, metavar="N[:on|:off]",
@@ -307,7 +308,8 @@ def plan(solver, cpu, gpu, memory, check, verify, json_out, synthetic_input, inp
 
     Runs a few real training iterations of the solver's TRAIN net at small batch sizes (--measure),
     COMET off and on, each in its own `caffe train` process, and fits every memory figure as
-    fixed + per sample x batch from the measured peaks (peak RSS on the CPU; on a GPU the store's
+    fixed + per sample x batch from the measured peaks (peak RSS on the CPU; on a GPU the device's
+    memory in use that nvidia-smi reports, sampled every 100 ms, or without nvidia-smi the store's
     device bytes, printed as unmeasured). Prints the store's plan per blob (bytes dense, action, bytes
     stored, error bound), the parts of the peak (weights, weight gradients, solver history,
     activations and COMET's copies, mapped files, runtime), the predicted peak at the solver's batch

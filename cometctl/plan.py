@@ -11,8 +11,9 @@ TRAIN net runs a few real iterations of `caffe train` in a child process, COMET 
        within 0.2 MB for CaffeNet at batches 4 to 256: docs/comet.md.)
 
 Each run gives its measured peak (CPU: the peak resident set size of the child, `ru_maxrss` from
-wait4; GPU: the store's tracked device bytes, which are not a measurement of the device: said so in
-the output) and the store's split of its tracked peak into weights, activations, gradients,
+wait4; GPU: the device's memory in use above its value before the run, sampled by nvidia-smi every
+100 ms while caffe runs (DevicePeak); where there is no nvidia-smi, the store's tracked device bytes,
+which are not a measurement of the device: said so in the output) and the store's split of its tracked peak into weights, activations, gradients,
 compressed and scratch, from the statistics file it writes (`stats_file`). The solver's history is
 a number of copies of the weights given by the solver type (SGD keeps one); the rest of the peak
 RSS is the runtime and what the store does not track (libraries, heap, the data layer's prefetch
@@ -35,6 +36,7 @@ when it is there (an LMDB's first Datum), else from crop sizes (3 channels assum
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -465,6 +467,7 @@ class ChildRun:
     wall_seconds: float
     file_rss_max: int    # bytes of file-backed pages seen mapped (polled /proc/PID/status RssFile)
     log: Path
+    device_peak: int | None = None  # GPU runs: nvidia-smi's memory.used peak above its value before, bytes
 
 
 # The child is started by this small launcher (`python -S`), not by cometctl itself: a process's peak
@@ -500,6 +503,59 @@ with open(out, "w") as f:
 """
 
 
+NVIDIA_SMI = "nvidia-smi"
+
+
+class DevicePeak:
+    """GPU `gpu`'s memory in use, sampled by `nvidia-smi -lms 100` while a child runs: the peak above the
+    value read just before it started. The same measurement the GPU check's plan-caffenet step fits
+    (docs/gpu-check.md: -1.0% and -4.3% at batch 256 from batches 16 and 32 on an H200). Without
+    nvidia-smi, or when it answers nothing, `peak()` is None."""
+
+    def __init__(self, gpu: int):
+        self.gpu, self.proc, self.base = gpu, None, None
+        self.out = None
+
+    def _query(self) -> list[int]:
+        cmd = [NVIDIA_SMI, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", str(self.gpu)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return _mib_values(p.stdout) if p.returncode == 0 else []
+
+    def __enter__(self):
+        if shutil.which(NVIDIA_SMI) is None:
+            return self
+        base = self._query()
+        if not base:
+            return self
+        self.base = base[0]
+        self.out = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([NVIDIA_SMI, "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                      "-i", str(self.gpu), "-lms", "100"], stdout=self.out,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            last = self._query()  # what the child left in use as it ended counts too
+            _kill(self.proc)
+            self.out.seek(0)
+            self.samples = _mib_values(self.out.read()) + last
+            self.out.close()
+        return False
+
+    def peak(self) -> int | None:
+        if self.proc is None or not getattr(self, "samples", None):
+            return None
+        return max(0, max(self.samples) - self.base) * 2**20
+
+
+def _mib_values(text: str) -> list[int]:
+    return [int(x) for x in (line.strip() for line in text.splitlines()) if x.isdigit()]
+
+
 def run_caffe(caffe: Path, solver: Path, log: Path, gpu: int | None = None, cwd: Path | None = None,
               timeout: float | None = None) -> ChildRun:
     """Run `caffe train -solver SOLVER` in its own process (stdout and stderr into `log`) and measure its
@@ -513,25 +569,28 @@ def run_caffe(caffe: Path, solver: Path, log: Path, gpu: int | None = None, cwd:
     figures = Path(str(log) + ".rusage.json")
     figures.unlink(missing_ok=True)
     t0 = time.monotonic()
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCHER, str(figures), *cmd], stdout=f,
-                                stderr=subprocess.STDOUT, cwd=str(cwd or REPO_ROOT), env=env,
-                                start_new_session=True)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        raise CometError(f"caffe ran longer than {timeout:g} s and was stopped; log: {log}") from None
-    except BaseException:  # Ctrl-C: the launcher and caffe go together
-        _kill(proc)
-        raise
+    sampler = DevicePeak(gpu) if gpu is not None else None
+    with sampler or contextlib.nullcontext():
+        with open(log, "w") as f:
+            proc = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCHER, str(figures), *cmd], stdout=f,
+                                    stderr=subprocess.STDOUT, cwd=str(cwd or REPO_ROOT), env=env,
+                                    start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise CometError(f"caffe ran longer than {timeout:g} s and was stopped; log: {log}") from None
+        except BaseException:  # Ctrl-C: the launcher and caffe go together
+            _kill(proc)
+            raise
     wall = time.monotonic() - t0
     try:
         got = json.loads(figures.read_text())
     except (OSError, ValueError):
         raise CometError(f"the launcher of caffe failed (exit status {proc.returncode}); log: {log}") from None
     return ChildRun(rc=os.waitstatus_to_exitcode(got["status"]), peak_rss=int(got["maxrss"]),
-                    cpu_seconds=float(got["cpu"]), wall_seconds=wall, file_rss_max=int(got["file_max"]), log=log)
+                    cpu_seconds=float(got["cpu"]), wall_seconds=wall, file_rss_max=int(got["file_max"]), log=log,
+                    device_peak=sampler.peak() if sampler else None)
 
 
 def _kill(proc) -> None:
@@ -609,6 +668,7 @@ class Measured:
     blobs: list = field(default_factory=list)      # per-blob rows (COMET on)
     seconds: float = 0.0
     log: str = ""
+    device_measured: bool = False    # GPU: peak is nvidia-smi's (measured), not the store's tracked bytes
 
     def brief(self) -> dict:
         d = asdict(self)
@@ -665,7 +725,11 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
         parts["mapped"] = float(child.file_rss_max)
         parts["untracked"] = child.peak_rss - tracked - history - parts["mapped"]
         peak = float(child.peak_rss)
-    else:  # the device: only what the store tracks (weights, blobs, payloads, scratch) and the history
+    elif child.device_peak is not None:  # the device, measured: the rest is CUDA's context, cuBLAS, the pool
+        parts["mapped"] = 0.0
+        parts["untracked"] = child.device_peak - tracked - history
+        peak = float(child.device_peak)
+    else:  # the device without nvidia-smi: only what the store tracks and the history
         parts["mapped"] = parts["untracked"] = 0.0
         peak = tracked + history
     info = read_log(text)
@@ -689,6 +753,7 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
                           "dense_bytes": dense, "stored_bytes": stored,
                           "error_bound": (r.get("eb") or None) if r and r["kind"] == "lossy" else None})
     return Measured(batch=batch, comet=mode, peak=peak, peak_rss=float(child.peak_rss), parts=parts, at_peak=at_peak,
+                    device_measured=gpu is not None and child.device_peak is not None,
                     file_rss=float(child.file_rss_max), per_step=per_step, blobs=blobs,
                     seconds=round(child.wall_seconds, 2), log=str(child.log))
 
@@ -828,6 +893,10 @@ def source_bytes(net, pb2) -> float | None:
 
 def _assemble(runs, solver_path, net_path, solver_batch, measure_batches, iters, synthetic, uses_gpu,
               device_id, budget, memory, history_copies, notes, file_cap=None) -> dict:
+    device_measured = uses_gpu and all(r.device_measured for r in runs)
+    if uses_gpu and not device_measured and any(r.device_measured for r in runs):
+        raise CometError("nvidia-smi answered for some runs and not for others: the peaks cannot be fitted "
+                         "together; run the plan again")
     fits: dict[str, dict] = {}
     for mode in MODES:
         rs = [r for r in runs if r.comet == mode]
@@ -850,9 +919,11 @@ def _assemble(runs, solver_path, net_path, solver_batch, measure_batches, iters,
         "solver": str(solver_path),
         "net": str(net_path),
         "device": f"GPU {device_id}" if uses_gpu else "CPU",
-        "figure": ("the store's tracked device bytes plus the solver history (unmeasured: no device peak "
-                   "was read)" if uses_gpu else "peak resident set size of the caffe process (measured)"),
-        "measured": not uses_gpu,
+        "figure": (("the device's memory in use above its idle value, nvidia-smi's peak (measured)"
+                    if device_measured else
+                    "the store's tracked device bytes plus the solver history (unmeasured: no device peak "
+                    "was read)") if uses_gpu else "peak resident set size of the caffe process (measured)"),
+        "measured": not uses_gpu or device_measured,
         "input": "synthetic (DummyData)" if synthetic else "the net's data layers",
         "iters": iters,
         "measure_batches": list(measure_batches),
@@ -980,9 +1051,12 @@ def render(result: dict) -> list[str]:
             line += (f"; the largest batch in {b['text']}: " +
                      (f"fits, {fmt_bytes(left)} to spare" if left >= 0 else f"over the budget by {fmt_bytes(-left)}"))
         out.append(line)
-    if result["device"] != "CPU":
-        out.append("GPU figures are the store's device bytes, not a measured device peak (unmeasured): "
-                   "CUDA's context and cuBLAS workspaces come on top")
+    if result["device"] != "CPU" and not result["measured"]:
+        out.append("GPU figures are the store's device bytes, not a measured device peak (unmeasured: no "
+                   "nvidia-smi): CUDA's context and cuBLAS workspaces come on top")
+    elif result["device"] != "CPU":
+        out.append("GPU figures are nvidia-smi's memory in use above its value before each run (measured), "
+                   "sampled every 100 ms")
     return out
 
 

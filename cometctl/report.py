@@ -292,7 +292,9 @@ def plan_plot(plan_json, out_png=None) -> Path:
     top = max(batches + [plan["solver_batch"]] +
               [b for b in (budget.get("largest_batch_off"), budget.get("largest_batch_on")) if b])
     xs = [1 + (top * 1.1 - 1) * i / 100 for i in range(101)]
-    fig, ax = _figure(f"predicted peak ({'measured RSS' if plan.get('measured') else 'device, unmeasured'})",
+    what = ("device, unmeasured" if not plan.get("measured") else
+            "device, nvidia-smi" if plan.get("device", "CPU") != "CPU" else "measured RSS")
+    fig, ax = _figure(f"predicted peak ({what})",
                       "GiB")
     ax.set_xlabel("batch size")
     for mode, color in (("off", "tab:red"), ("on", "tab:blue")):

@@ -291,12 +291,13 @@ print("I1201 10:00:00.000000 1 solver.cpp:1] Iteration 0, loss = 1")
 '''
 
 
-def test_the_gpu_path_fits_the_stores_device_bytes_and_says_unmeasured(tmp_path, wf_pb2):
+def test_the_gpu_path_fits_the_stores_device_bytes_and_says_unmeasured(tmp_path, wf_pb2, monkeypatch):
     """No GPU here: a stand-in caffe checks it is asked for GPU 0 and writes the store's figures; the plan
     fits them (weights, their gradients, the solver history and the blobs) and says they are unmeasured."""
     fake = tmp_path / "caffe"
     fake.write_text(f"#!{sys.executable}\n" + FAKE_GPU_CAFFE)
     fake.chmod(0o755)
+    monkeypatch.setattr(P, "NVIDIA_SMI", str(tmp_path / "no-nvidia-smi"))  # none, as on a machine without
     plan = P.make_plan(TINY_SOLVER, gpu=0, synthetic=True, measure_batches=(4, 8), check=[(16, ("on",))],
                        memory="1GiB", caffe_bin=fake)
     mb = 2**20
@@ -310,6 +311,54 @@ def test_the_gpu_path_fits_the_stores_device_bytes_and_says_unmeasured(tmp_path,
     text = "\n".join(P.render(plan))
     assert "GPU 0" in text and "unmeasured" in text and "runtime and untracked" not in text
 
+
+# nvidia-smi's stand-in: memory.used of GPU 0 is 1000 MiB plus what the stand-in caffe says it holds
+# (FAKE_SMI_USED); one answer, or one every 50 ms with -lms until it is killed.
+FAKE_NVIDIA_SMI = r'''
+import os, sys, time
+assert "--query-gpu=memory.used" in sys.argv and sys.argv[sys.argv.index("-i") + 1] == "0", sys.argv
+def used():
+    try:
+        return 1000 + int(open(os.environ["FAKE_SMI_USED"]).read() or 0)
+    except (OSError, ValueError):
+        return 1000
+while True:
+    print(used(), flush=True)
+    if "-lms" not in sys.argv:
+        break
+    time.sleep(0.05)
+'''
+
+
+def test_the_gpu_path_fits_nvidia_smis_peaks_when_there_is_one(tmp_path, wf_pb2, monkeypatch):
+    """With nvidia-smi, a GPU plan fits the device's measured peak (memory in use above its value before
+    the run, sampled while caffe runs) and says so; the store's tracked bytes are a part of it."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!{sys.executable}\n" + FAKE_NVIDIA_SMI)
+    smi.chmod(0o755)
+    used = tmp_path / "used"
+    monkeypatch.setenv("FAKE_SMI_USED", str(used))
+    monkeypatch.setattr(P, "NVIDIA_SMI", str(smi))
+    # the stand-in caffe holds 500 + (7 or 3) x batch MiB on the device for 0.6 s, then frees it
+    fake = tmp_path / "caffe"
+    fake.write_text(f"#!{sys.executable}\n" + FAKE_GPU_CAFFE + f"""
+import time
+open({str(used)!r}, "w").write(str(500 + (3 if on else 7) * batch))
+time.sleep(0.6)
+open({str(used)!r}, "w").write("0")
+""")
+    fake.chmod(0o755)
+    plan = P.make_plan(TINY_SOLVER, gpu=0, synthetic=True, measure_batches=(4, 8), check=[(16, ("on",))],
+                       caffe_bin=fake)
+    mb = 2**20
+    assert plan["measured"] is True and "nvidia-smi" in plan["figure"], plan["figure"]
+    for mode, per in (("off", 7), ("on", 3)):
+        f = plan["fit"][mode]["peak"]
+        assert math.isclose(f["fixed"], 500 * mb) and math.isclose(f["per_sample"], per * mb), (mode, f)
+    (check,) = plan["checks"]
+    assert math.isclose(check["measured_bytes"], (500 + 3 * 16) * mb) and abs(check["error"]) < 1e-9
+    text = "\n".join(P.render(plan))
+    assert "nvidia-smi" in text and "unmeasured" not in text
 
 def test_caffe_children_get_openblas_thread_timeout_unless_the_user_set_one(tmp_path, monkeypatch):
     """Every caffe process cometctl starts (plan, train, the benchmarks: plan.run_caffe and train's
