@@ -1493,6 +1493,9 @@ class CometStoreTest : public ::testing::Test {
     s->Step(n);
   }
 
+  // NaN, Inf and huge values through every pooling method, and training into NaN (defined below).
+  void CheckNaNThroughPooling();
+
   // Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
   // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly. Caffe's
   // engines, named: a cuDNN build would otherwise make cuDNN's LRN, pooling and ReLU, which keep no
@@ -2163,7 +2166,7 @@ TEST_F(CometStoreTest, NaNInAnActivationIsKeptNotLostNorACrash) {
 // has no CPU Backward to run). Upstream left the argmax at -1
 // for a window of NaN or -Inf and its backward wrote before the buffer (heap corruption); patch
 // 0015 starts every window at its first element and lets NaN win.
-TEST_F(CometStoreTest, NaNAndInfThroughMaxPoolingStayInTheWindow) {
+void CometStoreTest::CheckNaNThroughPooling() {
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
                             std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(), 1e38f};
@@ -2221,6 +2224,8 @@ TEST_F(CometStoreTest, NaNAndInfThroughMaxPoolingStayInTheWindow) {
     EXPECT_TRUE(std::isnan(solver->net()->blob_by_name("loss")->cpu_data()[0])) << comet[k];
   }
 }
+
+TEST_F(CometStoreTest, NaNAndInfThroughMaxPoolingStayInTheWindow) { CheckNaNThroughPooling(); }
 
 // Settings that would do nothing or fail late stop before training, naming the field.
 TEST_F(CometStoreTest, SettingsThatCannotWorkAreRefusedBeforeTraining) {
@@ -2473,6 +2478,9 @@ TEST_F(CometGPUTest, DeviceStreamsDecodeOnTheHostBitForBit) {
 }
 
 TEST_F(CometGPUTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
+
+// Patch 0015's Forward_gpu: the argmax stays in its window with NaN, Inf and -Inf windows.
+TEST_F(CometGPUTest, NaNAndInfThroughMaxPoolingStayInTheWindow) { CheckNaNThroughPooling(); }
 
 TEST_F(CometGPUTest, DeviceCodesMatchHostCodes) {
   MaxPoolingRun run(MaxPoolingRun::Param());  // forward on the GPU: the argmax is on the device
