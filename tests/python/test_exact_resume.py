@@ -84,6 +84,26 @@ def test_without_the_resume_state_the_run_differs(wf_pb2, wf_synthetic, tmp_path
 
 
 @WF_NEEDS_BUILD
+def test_the_resume_state_keeps_curand_and_refuses_a_corrupt_line(wf_pb2, wf_synthetic, tmp_path):
+    """The resume state has a `curand SEEDED SEED DRAWN` line (the GPU generator GPU Dropout draws from;
+    a CPU run draws nothing from it), and a resume stops at a corrupt one, naming it."""
+    part = tmp_path / "part"
+    _train("-solver", str(_solver(wf_pb2, wf_synthetic, part, 5, True)), cwd=tmp_path)
+    state = part / "s_iter_5.resumestate"
+    lines = state.read_text().splitlines()
+    (curand,) = [line for line in lines if line.startswith("curand ")]
+    seeded, seed, drawn = curand.split()[1:]
+    assert seeded in ("0", "1") and seed.isdigit() and drawn == "0", curand
+    state.write_text("\n".join("curand 7 x" if line == curand else line for line in lines) + "\n")
+    from cometctl.paths import tool_path
+
+    out = subprocess.run([str(tool_path("caffe")), "train", "-solver",
+                          str(_solver(wf_pb2, wf_synthetic, part, TOTAL, True)), "-snapshot",
+                          str(part / "s_iter_5.solverstate")], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode != 0 and "has a corrupt curand line: curand 7 x" in out.stderr, out.stderr[-2000:]
+
+@WF_NEEDS_BUILD
 def test_ctrl_c_inside_a_test_phase_resumes_exactly(wf_pb2, wf_synthetic, tmp_path):
     """SIGINT while the test net runs (a long test at iteration 8): caffe stops, snapshots at 8,
     and the resumed run ends with the uninterrupted run's weights."""

@@ -8,8 +8,8 @@
 // replaying that many batches puts them where they were. Written beside each snapshot as
 // <prefix>_iter_N.resumestate (text), read back by Solver::Restore (patch 0020): the generator
 // at once, the batches when training starts again (batches the caller has drawn since, as
-// upstream's solver tests do by hand, count). The CPU's generator only: a GPU's cuRAND stream is
-// not restored.
+// upstream's solver tests do by hand, count). On a GPU, the position of Caffe's cuRAND generator
+// (its seed and the values drawn since: comet/curand_state.hpp) too, which GPU Dropout draws from.
 
 #include <string>
 #include <vector>

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "caffe/comet/curand_state.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/resume.hpp"
 #include "caffe/layers/base_data_layer.hpp"
@@ -74,6 +75,8 @@ void CometResume<Dtype>::Save(const std::string& filename) const {
   out << kMagic << "\n" << "iter " << solver_->iter() << "\n"
       << "seeded " << (solver_->param().random_seed() >= 0 ? 1 : 0) << "\n"
       << "rng " << *caffe_rng() << "\n";
+  const CometCurandPosition gpu = CometCurandTell();  // this thread's cuRAND (GPU Dropout)
+  out << "curand " << (gpu.seeded ? 1 : 0) << " " << gpu.seed << " " << gpu.drawn << "\n";
   for (int i = 0; i < batches_.size(); ++i) {
     if (is_data_[i]) out << "layer " << i << " " << net_->layer_names()[i] << " " << batches_[i] << "\n";
   }
@@ -95,6 +98,8 @@ void CometResume<Dtype>::Load(const std::string& solverstate_filename) {
   if (magic != kMagic) CometFatal("COMET resume: " + filename + " is not a resume state");
   int iter = -1, seeded = 0;
   std::string rng_state;
+  CometCurandPosition gpu = {false, 0, 0};
+  bool have_gpu = false;
   std::vector<long long> batches(batches_.size(), 0);
   while (std::getline(in, line)) {
     std::istringstream ls(line);
@@ -106,6 +111,13 @@ void CometResume<Dtype>::Load(const std::string& solverstate_filename) {
       ls >> seeded;
     } else if (key == "rng") {
       std::getline(ls, rng_state);
+    } else if (key == "curand") {
+      int seeded = -1;
+      ls >> seeded >> gpu.seed >> gpu.drawn;
+      if (!ls || (seeded != 0 && seeded != 1))
+        CometFatal("COMET resume: " + filename + " has a corrupt curand line: " + line);
+      gpu.seeded = seeded == 1;
+      have_gpu = true;
     } else if (key == "layer") {
       int index = -1;
       long long count = -1;
@@ -144,6 +156,18 @@ void CometResume<Dtype>::Load(const std::string& solverstate_filename) {
     CometFatal("COMET resume: the random generator's state in " + filename + " is corrupt");
   LOG(INFO) << "COMET resume: random generator restored from " << filename
             << "; the data layers catch up when training starts";
+  // cuRAND: only where this run draws from it (GPU mode) and the first run's was seeded. A state
+  // written before the line existed (or by a CPU run) leaves it as the solver seeded it.
+  if (Caffe::mode() == Caffe::GPU && have_gpu) {
+    if (gpu.seeded) {
+      CometCurandSeek(gpu);
+      LOG(INFO) << "COMET resume: cuRAND put back at " << gpu.drawn << " values after seed "
+                << gpu.seed;
+    } else if (gpu.drawn > 0) {
+      LOG(WARNING) << "COMET resume: cuRAND was seeded at random in the first run, so GPU "
+                   << "Dropout masks differ from it; not exact";
+    }
+  }
 }
 
 // The first iteration after a restore: each data layer hands out, without the net around it,

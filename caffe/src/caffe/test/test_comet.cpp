@@ -31,6 +31,7 @@
 #include "caffe/blob.hpp"
 #include "caffe/comet/block_pool.hpp"
 #include "caffe/comet/codes.hpp"
+#include "caffe/comet/curand_state.hpp"
 #include "caffe/comet/error_model.hpp"
 #include "caffe/comet/gemm.hpp"
 #include "caffe/comet/layer_access.hpp"
@@ -2450,6 +2451,23 @@ TEST_F(CometStoreTest, CorruptStoredActivationIsDetected) {
                "layer 'conv2' \\(Convolution\\) backward, iteration 0");
 }
 
+// The hooks of patch 0030 keep the calling thread's cuRAND position (GPU builds call them).
+TEST(CometCurandTest, ThePositionCountsTheValuesDrawnSinceTheSeed) {
+  CometCurandSeeded(42);
+  CometCurandDrew(10);
+  CometCurandDrew(5);
+  CometCurandPosition p = CometCurandTell();
+  EXPECT_TRUE(p.seeded);
+  EXPECT_EQ(p.seed, 42u);
+  EXPECT_EQ(p.drawn, 15u);
+  CometCurandSeededAtRandom();
+  p = CometCurandTell();
+  EXPECT_FALSE(p.seeded);
+  EXPECT_EQ(p.drawn, 0u);
+  CometCurandSeeded(7);  // a new seed starts the count again
+  EXPECT_EQ(CometCurandTell().drawn, 0u);
+}
+
 #ifndef CPU_ONLY
 // ---------------------------------------------------------------- GPU (run where a GPU is present)
 
@@ -2478,6 +2496,31 @@ TEST_F(CometGPUTest, DeviceStreamsDecodeOnTheHostBitForBit) {
 }
 
 TEST_F(CometGPUTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
+
+// The position of Caffe's cuRAND generator puts it back: the values drawn after a Seek are those
+// drawn after the Tell, whatever the draws' sizes and kinds (cuRAND's absolute offset against
+// its sequence split over calls: what an exact resume of GPU Dropout rests on).
+TEST_F(CometGPUTest, TheCuRANDPositionPutsTheGeneratorBack) {
+  Caffe::set_random_seed(1701);
+  SyncedMemory scratch(1 << 20), a(8192 * 4), b(8192 * 4);
+  const int before[] = {1000, 4097, 333, 64};
+  for (int i = 0; i < 4; ++i) {
+    if (i % 2) caffe_gpu_rng_uniform(before[i], static_cast<unsigned int*>(scratch.mutable_gpu_data()));
+    else caffe_gpu_rng_uniform<float>(before[i], 0.f, 1.f, static_cast<float*>(scratch.mutable_gpu_data()));
+  }
+  const CometCurandPosition at = CometCurandTell();
+  EXPECT_TRUE(at.seeded);
+  EXPECT_EQ(at.seed, 1701u);
+  EXPECT_EQ(at.drawn, 1000u + 4097u + 333u + 64u);
+  caffe_gpu_rng_uniform(5000, static_cast<unsigned int*>(a.mutable_gpu_data()));
+  caffe_gpu_rng_uniform<float>(3192, 0.f, 1.f, static_cast<float*>(a.mutable_gpu_data()) + 5000);
+  Caffe::set_random_seed(5);  // elsewhere
+  caffe_gpu_rng_uniform(777, static_cast<unsigned int*>(scratch.mutable_gpu_data()));
+  CometCurandSeek(at);
+  caffe_gpu_rng_uniform(5000, static_cast<unsigned int*>(b.mutable_gpu_data()));
+  caffe_gpu_rng_uniform<float>(3192, 0.f, 1.f, static_cast<float*>(b.mutable_gpu_data()) + 5000);
+  EXPECT_EQ(memcmp(a.cpu_data(), b.cpu_data(), 8192 * 4), 0);
+}
 
 // Patch 0015's Forward_gpu: the argmax stays in its window with NaN, Inf and -Inf windows.
 TEST_F(CometGPUTest, NaNAndInfThroughMaxPoolingStayInTheWindow) { CheckNaNThroughPooling(); }
