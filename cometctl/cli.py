@@ -309,7 +309,7 @@ def plan(solver, cpu, gpu, memory, check, verify, json_out, synthetic_input, inp
     Runs a few real training iterations of the solver's TRAIN net at small batch sizes (--measure),
     COMET off and on, each in its own `caffe train` process, and fits every memory figure as
     fixed + per sample x batch from the measured peaks (peak RSS on the CPU; on a GPU the device's
-    memory in use that nvidia-smi reports, sampled every 100 ms, or without nvidia-smi the store's
+    memory in use that nvidia-smi reports, sampled every 20 ms, or without nvidia-smi the store's
     device bytes, printed as unmeasured). Prints the store's plan per blob (bytes dense, action, bytes
     stored, error bound), the parts of the peak (weights, weight gradients, solver history,
     activations and COMET's copies, mapped files, runtime), the predicted peak at the solver's batch

@@ -12,7 +12,7 @@ TRAIN net runs a few real iterations of `caffe train` in a child process, COMET 
 
 Each run gives its measured peak (CPU: the peak resident set size of the child, `ru_maxrss` from
 wait4; GPU: the device's memory in use above its value before the run, sampled by nvidia-smi every
-100 ms while caffe runs (DevicePeak); where there is no nvidia-smi, the store's tracked device bytes,
+20 ms while caffe runs (DevicePeak); where there is no nvidia-smi, the store's tracked device bytes,
 which are not a measurement of the device: said so in the output) and the store's split of its tracked peak into weights, activations, gradients,
 compressed and scratch, from the statistics file it writes (`stats_file`). The solver's history is
 a number of copies of the weights given by the solver type (SGD keeps one); the rest of the peak
@@ -504,10 +504,14 @@ with open(out, "w") as f:
 
 
 NVIDIA_SMI = "nvidia-smi"
+# Caffe allocates in the first step and frees nothing before it exits, so the peak is held from the
+# first step to the end; a plan's runs are short (two steps), so sample often. Untried on a GPU with
+# cometctl (the GPU check's plan-caffenet step sampled every 100 ms over 20 steps).
+SAMPLE_MS = 20
 
 
 class DevicePeak:
-    """GPU `gpu`'s memory in use, sampled by `nvidia-smi -lms 100` while a child runs: the peak above the
+    """GPU `gpu`'s memory in use, sampled by `nvidia-smi -lms SAMPLE_MS` while a child runs: the peak above the
     value read just before it started. The same measurement the GPU check's plan-caffenet step fits
     (docs/gpu-check.md: -1.0% and -4.3% at batch 256 from batches 16 and 32 on an H200). Without
     nvidia-smi, or when it answers nothing, `peak()` is None."""
@@ -533,7 +537,7 @@ class DevicePeak:
         self.base = base[0]
         self.out = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([NVIDIA_SMI, "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                      "-i", str(self.gpu), "-lms", "100"], stdout=self.out,
+                                      "-i", str(self.gpu), "-lms", str(SAMPLE_MS)], stdout=self.out,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         return self
 
@@ -1056,7 +1060,7 @@ def render(result: dict) -> list[str]:
                    "nvidia-smi): CUDA's context and cuBLAS workspaces come on top")
     elif result["device"] != "CPU":
         out.append("GPU figures are nvidia-smi's memory in use above its value before each run (measured), "
-                   "sampled every 100 ms")
+                   f"sampled every {SAMPLE_MS} ms")
     return out
 
 
