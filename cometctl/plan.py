@@ -10,17 +10,17 @@ TRAIN net runs a few real iterations of `caffe train` in a child process, COMET 
        COMET off gets the same breakdown as COMET on. (Its peak RSS equals a run without a comet block
        within 0.2 MB for CaffeNet at batches 4 to 256: docs/comet.md.)
 
-Each run gives its measured peak (CPU: the peak resident set size of the child, `ru_maxrss` from
-wait4; GPU: the device's memory in use above its value before the run, sampled by nvidia-smi every
-20 ms while caffe runs (DevicePeak); where there is no nvidia-smi, the store's tracked device bytes,
-which are not a measurement of the device: said so in the output) and the store's split of its tracked peak into weights, activations, gradients,
-compressed and scratch, from the statistics file it writes (`stats_file`). The solver's history is
-a number of copies of the weights given by the solver type (SGD keeps one); the rest of the peak
-RSS is the runtime and what the store does not track (libraries, heap, the data layer's prefetch
-batches, the pool's cached blocks, mapped pages of the data source). Every figure is fitted per mode
-as fixed + per-sample x batch (least squares over the measured batches); the sum of the fits is the
-fit of the peak. From the fits: the peak at the solver's batch size, and for a budget the largest
-batch that fits, each way. `--batch N` runs batch N and compares.
+Each run gives its measured peak (CPU: the peak resident set size of the child, `ru_maxrss` from wait4;
+GPU: the device's memory in use above its value before the run, sampled by nvidia-smi every 20 ms while
+caffe runs (DevicePeak); where there is no nvidia-smi, the store's tracked device bytes, which are not a
+measurement of the device: said so in the output) and the store's split of its tracked peak into
+weights, activations, gradients, compressed and scratch, from the statistics file it writes
+(`stats_file`). The solver's history is a number of copies of the weights given by the solver type (SGD
+keeps one); the rest of the peak RSS is the runtime and what the store does not track (libraries, heap,
+the data layer's prefetch batches, the pool's cached blocks, mapped pages of the data source). Every
+figure is fitted per mode as fixed + per-sample x batch (least squares over the measured batches); the
+sum of the fits is the fit of the peak. From the fits: the peak at the solver's batch size, and for a
+budget the largest batch that fits, each way. `--batch N` runs batch N and compares.
 
 The per-layer table (blob, bytes dense, action, bytes stored, error bound) comes from the COMET-on
 runs: the plan lines the store logs at setup (every blob it acts on), its statistics file (bytes
@@ -517,13 +517,15 @@ class DevicePeak:
     nvidia-smi, or when it answers nothing, `peak()` is None."""
 
     def __init__(self, gpu: int):
-        self.gpu, self.proc, self.base = gpu, None, None
-        self.out = None
+        self.gpu, self.proc, self.base, self.out = gpu, None, None, None
+        self.samples: list[int] = []
+
+    def _cmd(self, *extra: str) -> list[str]:
+        return [NVIDIA_SMI, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", str(self.gpu), *extra]
 
     def _query(self) -> list[int]:
-        cmd = [NVIDIA_SMI, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", str(self.gpu)]
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+            p = subprocess.run(self._cmd(), capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired):
             return []
         return _mib_values(p.stdout) if p.returncode == 0 else []
@@ -536,9 +538,8 @@ class DevicePeak:
             return self
         self.base = base[0]
         self.out = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([NVIDIA_SMI, "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                      "-i", str(self.gpu), "-lms", str(SAMPLE_MS)], stdout=self.out,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(self._cmd("-lms", str(SAMPLE_MS)), stdout=self.out, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
         return self
 
     def __exit__(self, *exc):
@@ -551,7 +552,7 @@ class DevicePeak:
         return False
 
     def peak(self) -> int | None:
-        if self.proc is None or not getattr(self, "samples", None):
+        if not self.samples:
             return None
         return max(0, max(self.samples) - self.base) * 2**20
 

@@ -112,11 +112,11 @@ void CometResume<Dtype>::Load(const std::string& solverstate_filename) {
     } else if (key == "rng") {
       std::getline(ls, rng_state);
     } else if (key == "curand") {
-      int seeded = -1;
-      ls >> seeded >> gpu.seed >> gpu.drawn;
-      if (!ls || (seeded != 0 && seeded != 1))
+      int curand_seeded = -1;
+      ls >> curand_seeded >> gpu.seed >> gpu.drawn;
+      if (!ls || (curand_seeded != 0 && curand_seeded != 1))
         CometFatal("COMET resume: " + filename + " has a corrupt curand line: " + line);
-      gpu.seeded = seeded == 1;
+      gpu.seeded = curand_seeded == 1;
       have_gpu = true;
     } else if (key == "layer") {
       int index = -1;
