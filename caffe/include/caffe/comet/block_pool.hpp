@@ -55,6 +55,12 @@ const size_t kMaxPiecesPerBlock = 256;
 // pages of cached blocks (furthest next use first), moved with mremap into one new range, so the
 // pages that a step frees serve whatever it asks for next instead of faulting in afresh (CaffeNet
 // at batch 256 asks for 53 blocks of 13 sizes a step; by exact size only half were reused).
+//
+// Device memory cannot move, and lossy streams differ in size every step: by exact size, the
+// first H200 run allocated and freed about 45 blocks a CaffeNet step (cudaFree synchronizes).
+// So device blocks come in sizes rounded up (BlockBytes: 2 MiB steps from 1 MiB on, which is
+// cudaMalloc's own granularity there), and a request takes the smallest cached block that holds
+// it with at most kFitSlack of waste.
 class BlockPool {
  public:
   typedef std::pair<int, size_t> Key;
@@ -63,11 +69,22 @@ class BlockPool {
       : enabled(0), headroom(0), in_use(0), cached(0), peak_in_use(0), hits(0), misses(0),
         evicted(0), free_fn_(free_fn), movable_pages_(movable_pages) {}
 
-  // A cached block for key, or NULL (the caller allocates and calls Track).
-  void* Take(const Key& key) {
+  static size_t RoundingStep(size_t size) {
+    return size >= (size_t(1) << 20) ? size_t(2) << 20 : 512;
+  }
+  // The bytes a block for `size` is allocated with (the caller's cudaMalloc, and Track).
+  size_t BlockBytes(size_t size) const {
+    if (movable_pages_) return size;
+    const size_t step = RoundingStep(size);
+    return (size + step - 1) / step * step;
+  }
+  // A cached block for key, or NULL (the caller allocates BlockBytes(key.second) and calls
+  // Track with that size).
+  void* Take(const Key& asked) {
+    const Key key(asked.first, BlockBytes(asked.second));
     requests_.push_back(key);
-    std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.find(key);
-    if (it == by_key_.end()) {
+    std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.lower_bound(key);
+    if (it == by_key_.end() || !Fits(key, it->first)) {
       if (movable_pages_ && !lru_.empty()) return Assemble(key);
       ++misses;
       return NULL;
@@ -75,7 +92,7 @@ class BlockPool {
     const Block b = *it->second;
     Uncache(it->second);
     ++hits;
-    Track(b.ptr, key.second, b.pieces);
+    Track(b.ptr, b.key.second, b.pieces);
     return b.ptr;
   }
   void Track(void* ptr, size_t size, const Pieces& pieces = Pieces()) {
@@ -90,17 +107,17 @@ class BlockPool {
     peak_in_use = std::max(peak_in_use, in_use);
     Trim();
   }
-  // Takes back a block the pool handed out: cached, or freed when the pool is off. False for
-  // any other block, which the caller frees itself.
+  // Takes back a block the pool handed out (key: its device and the size asked for): cached, or
+  // freed when the pool is off. False for any other block, which the caller frees itself.
   bool Give(void* ptr, const Key& key) {
     std::map<void*, Live>::iterator it = live_.find(ptr);
     if (it == live_.end()) return false;
     in_use -= it->second.size;
-    Block b = {key, ptr, Pieces()};
+    Block b = {Key(key.first, it->second.size), ptr, Pieces()};
     b.pieces.swap(it->second.pieces);
     live_.erase(it);
     if (!enabled) {
-      free_fn_(ptr, key.second);
+      free_fn_(ptr, b.key.second);
       return true;
     }
     Cache(b);
@@ -140,16 +157,26 @@ class BlockPool {
 
  private:
   struct Block {
-    Key key;
+    Key key;  // device, and the bytes the block has
     void* ptr;
     Pieces pieces;
   };
-  // Position in the last step's requests at which key is asked for next (the steps repeat, so
-  // a size asked for only earlier comes after all of this step's); never asked: furthest.
+  // A request is served by a cached block of its own size, or on a device by a larger one that
+  // wastes at most an eighth of the request or one rounding step, whichever is more (host pages
+  // move, so host blocks match exactly).
+  bool Fits(const Key& request, const Key& block) const {
+    if (request.first != block.first || block.second < request.second) return false;
+    if (block.second == request.second) return true;
+    if (movable_pages_) return false;
+    const size_t waste = block.second - request.second;
+    return waste <= std::max(request.second / 8, RoundingStep(request.second));
+  }
+  // Position in the last step's requests at which a block of key's size is asked for next (the
+  // steps repeat, so one asked for only earlier comes after all of this step's); never: furthest.
   size_t NextUse(const Key& key) const {
     const size_t now = requests_.size(), n = last_step_.size();
-    for (size_t i = now; i < n; ++i) if (last_step_[i] == key) return i;
-    for (size_t i = 0; i < std::min(now, n); ++i) if (last_step_[i] == key) return n + i;
+    for (size_t i = now; i < n; ++i) if (Fits(last_step_[i], key)) return i;
+    for (size_t i = 0; i < std::min(now, n); ++i) if (Fits(last_step_[i], key)) return n + i;
     return 2 * n + 1;
   }
   // The cached block to give up first: furthest next use; among equals the oldest (lru_ is

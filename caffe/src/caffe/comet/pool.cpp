@@ -165,14 +165,15 @@ void CometGpuMalloc(void** ptr, size_t size) {
   BlockPool& pool = GpuPool(device);
   boost::mutex::scoped_lock lock(pool.mutex);
   if (pool.enabled && (*ptr = pool.Take(BlockPool::Key(device, size)))) return;
-  cudaError_t err = cudaMalloc(ptr, size);
+  const size_t bytes = pool.enabled ? pool.BlockBytes(size) : size;
+  cudaError_t err = cudaMalloc(ptr, bytes);
   if (err == cudaErrorMemoryAllocation && pool.cached) {
     cudaGetLastError();  // clear it, give this device's cache back and try once more
     pool.ReleaseCached();
-    err = cudaMalloc(ptr, size);
+    err = cudaMalloc(ptr, bytes);
   }
   CUDA_CHECK(err);
-  if (pool.enabled) pool.Track(*ptr, size);
+  if (pool.enabled) pool.Track(*ptr, bytes);
 }
 
 void CometGpuFree(void* ptr, size_t size) {

@@ -1383,14 +1383,21 @@ TEST_F(CometPayloadTest, OnlyMemoryTheStoreFillsWholeSkipsTheZeroFill) {
   CometHostPoolEnable(false);
 }
 
-// The device pool reuses blocks of the same size only; driven here with made-up addresses.
+// The device pool (blocks that cannot move), driven here with made-up addresses.
 std::vector<void*> fake_blocks_freed;
 void FakeFree(void* ptr, size_t) { fake_blocks_freed.push_back(ptr); }
 void* FakeBlock(int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(i) << 24); }
 
+// What CometGpuMalloc does: a cached block, or a new one of the pool's rounded size.
+void* DeviceTake(BlockPool* pool, size_t size, int* next) {
+  void* p = pool->Take(BlockPool::Key(0, size));
+  if (!p) pool->Track(p = FakeBlock((*next)++), pool->BlockBytes(size));
+  return p;
+}
+
 TEST_F(CometPayloadTest, SizedPoolHeadroomKeepsMoreAboveThePeak) {
   const size_t mb = 1 << 20;
-  const BlockPool::Key four(0, 4 * mb), five(0, 5 * mb);
+  const BlockPool::Key four(0, 4 * mb), eight(0, 8 * mb);
   size_t evicted[2];
   const double headroom[2] = {0, 1};
   for (int k = 0; k < 2; ++k) {
@@ -1400,11 +1407,11 @@ TEST_F(CometPayloadTest, SizedPoolHeadroomKeepsMoreAboveThePeak) {
     EXPECT_TRUE(pool.Take(four) == NULL);
     pool.Track(FakeBlock(1), 4 * mb);
     EXPECT_TRUE(pool.Give(FakeBlock(1), four));  // cached: 4 MB, peak in use 4 MB
-    EXPECT_TRUE(pool.Take(five) == NULL);  // another size: no reuse
-    pool.Track(FakeBlock(2), 5 * mb);      // 5 in use + 4 cached: over 1x the new peak, under 2x
+    EXPECT_TRUE(pool.Take(eight) == NULL);  // too small to serve it
+    pool.Track(FakeBlock(2), 8 * mb);       // 8 in use + 4 cached: over 1x the new peak, under 2x
     evicted[k] = pool.evicted;
     EXPECT_LE(pool.in_use + pool.cached, static_cast<size_t>((1 + headroom[k]) * pool.peak_in_use));
-    EXPECT_FALSE(pool.Give(FakeBlock(3), five));  // not one of its blocks
+    EXPECT_FALSE(pool.Give(FakeBlock(3), eight));  // not one of its blocks
   }
   EXPECT_EQ(evicted[0], 1u);
   EXPECT_EQ(evicted[1], 0u);
@@ -1413,7 +1420,7 @@ TEST_F(CometPayloadTest, SizedPoolHeadroomKeepsMoreAboveThePeak) {
 // Steps repeat their allocations; the pool keeps the block asked for soonest in the last step.
 TEST_F(CometPayloadTest, SizedPoolEvictsTheBlockNeededLast) {
   const size_t mb = 1 << 20;
-  const BlockPool::Key one(0, mb), two(0, 2 * mb), three(0, 3 * mb);
+  const size_t small = 2 * mb, mid = 8 * mb, large = 16 * mb;  // none fits another's request
   BlockPool pool(FakeFree, false);
   pool.enabled = 1;
   size_t hits_in_step[2] = {0, 0};
@@ -1421,20 +1428,61 @@ TEST_F(CometPayloadTest, SizedPoolEvictsTheBlockNeededLast) {
   for (int step = 0; step < 2; ++step) {
     pool.MarkStep();
     const size_t h0 = pool.hits;
-    void* p = pool.Take(three);  // step 2: a miss that must evict one of {1 MB, 2 MB}
-    if (!p) pool.Track(p = FakeBlock(next++), 3 * mb);
-    void* q = pool.Take(one);  // asked for next: the 1 MB block must have stayed
-    if (!q) pool.Track(q = FakeBlock(next++), mb);
-    pool.Give(p, three);
-    void* r = pool.Take(two);
-    if (!r) pool.Track(r = FakeBlock(next++), 2 * mb);
-    pool.Give(q, one);
-    pool.Give(r, two);
+    void* p = DeviceTake(&pool, large, &next);  // step 2: a miss that must evict small or mid
+    void* q = DeviceTake(&pool, small, &next);  // asked for next: the small block must have stayed
+    pool.Give(p, BlockPool::Key(0, large));
+    void* r = DeviceTake(&pool, mid, &next);
+    pool.Give(q, BlockPool::Key(0, small));
+    pool.Give(r, BlockPool::Key(0, mid));
     hits_in_step[step] = pool.hits - h0;
     EXPECT_LE(pool.in_use + pool.cached, pool.peak_in_use);
   }
   EXPECT_EQ(hits_in_step[0], 0u);
-  EXPECT_GE(hits_in_step[1], 1u);  // oldest-first eviction would have dropped the 1 MB block
+  EXPECT_GE(hits_in_step[1], 1u);  // oldest-first eviction would have dropped the small block
+}
+
+// Lossy streams differ in size every step. A step here: three streams of jittering size (+-6%)
+// kept from forward to backward, and an encoder scratch of fixed size taken and given back
+// around each. By exact size every stream would miss, and its freed block would be evicted.
+TEST_F(CometPayloadTest, SizedPoolReusesBlocksWhoseSizesJitter) {
+  const size_t mb = 1 << 20;
+  const size_t streams[3] = {700 * 1024, 5 * mb + mb / 3, 23 * mb}, scratch = 40 * mb;
+  BlockPool pool(FakeFree, false);
+  pool.enabled = 1;
+  int next = 1;
+  uint32_t lcg = 12345;
+  size_t asked = 0, missed = 0, evicted = 0;
+  for (int step = 0; step < 40; ++step) {
+    pool.MarkStep();
+    const size_t misses0 = pool.misses, evicted0 = pool.evicted;
+    void* held[3];
+    size_t sizes[3];
+    for (int s = 0; s < 3; ++s) {
+      void* tmp = DeviceTake(&pool, scratch, &next);
+      lcg = lcg * 1664525u + 1013904223u;
+      const double jitter = 0.94 + 0.12 * (lcg >> 8) / double(1 << 24);
+      sizes[s] = static_cast<size_t>(streams[s] * jitter);
+      held[s] = DeviceTake(&pool, sizes[s], &next);
+      pool.Give(tmp, BlockPool::Key(0, scratch));
+    }
+    for (int s = 2; s >= 0; --s) {
+      void* tmp = DeviceTake(&pool, scratch, &next);  // the decode's scratch
+      pool.Give(tmp, BlockPool::Key(0, scratch));
+      pool.Give(held[s], BlockPool::Key(0, sizes[s]));
+    }
+    EXPECT_EQ(pool.in_use, 0u);
+    EXPECT_LE(pool.cached, pool.peak_in_use);
+    if (step >= 10) {  // after the first steps: which sizes the steps bring is known
+      asked += 9;
+      missed += pool.misses - misses0;
+      evicted += pool.evicted - evicted0;
+    }
+  }
+  EXPECT_LE(missed, asked / 20) << "of " << asked << " requests";
+  EXPECT_LE(evicted, asked / 20);
+  // What the rounding and the slack cost: the streams and one scratch, at most 30% more.
+  const size_t dense = scratch + static_cast<size_t>(1.06 * (streams[0] + streams[1] + streams[2]));
+  EXPECT_LE(pool.peak_in_use, dense + dense * 3 / 10);
 }
 
 // ---------------------------------------------------------------- the store in a training run
