@@ -1756,7 +1756,7 @@ TEST_F(CometStoreTest, ABlobThatScaleAndReluMadeFromBatchNormIsRebuiltWithinTheB
   const std::string fixed = "comet { eb_mode: FIXED error_bound: 0.02 ";
   shared_ptr<Solver<float> > off = SolverFor(net, "");
   shared_ptr<Solver<float> > on = SolverFor(net, fixed + "rebuild_from_batchnorm: true }");
-  shared_ptr<Solver<float> > stored = SolverFor(net, fixed + "}");
+  shared_ptr<Solver<float> > stored = SolverFor(net, fixed + "rebuild_from_batchnorm: false }");
   Run(on.get(), 3);
   Run(stored.get(), 3);
   EXPECT_NE(on->comet()->Plan().find("conv1 -> lossy"), std::string::npos) << on->comet()->Plan();
