@@ -117,6 +117,10 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   std::list<shared_ptr<Job> > jobs_;      // queued on the worker, not finished yet
   size_t in_flight_, max_in_flight_;      // dense bytes the jobs hold, and the cap
   bool tiled_gemm_;                       // CometGemm::Use'd while this store lives
+  // CPU: the step (on_start to on_gradients_ready) runs with denormals flushed to zero
+  // (float_mode.hpp); the thread's mode before it, given back after.
+  bool flushing_;
+  unsigned float_mode_;
 };
 
 }  // namespace caffe

@@ -50,6 +50,7 @@ class CometTeam {
   int active_;   // team threads running tasks of this call
   void (*task_)(void*, int);
   void* arg_;
+  unsigned mode_;  // the caller's floating-point mode (float_mode.hpp): its tasks run in it
   std::vector<std::thread> threads_;
 };
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "caffe/comet/float_mode.hpp"
 #include "caffe/comet/gemm.hpp"
 #include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/store.hpp"
@@ -168,7 +169,7 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
     : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
       stats_(net_, param_), context_layer_(-1), context_iter_(-1),
       context_pass_("before the first training step"), measuring_(false), in_flight_(0),
-      max_in_flight_(0), tiled_gemm_(false) {
+      max_in_flight_(0), tiled_gemm_(false), flushing_(false), float_mode_(0) {
   CheckSettings(param_, *net_);
   if (param_.async()) worker_.reset(new CometWorker());
   const bool cpu = Caffe::mode() == Caffe::CPU;
@@ -223,6 +224,7 @@ CometStore<Dtype>::~CometStore() {
   // data; nothing is reported from a destructor.
   worker_.reset();
   if (tiled_gemm_) CometGemm::Use(false);
+  if (flushing_) CometSetFloatMode(float_mode_);
   for (typename std::list<shared_ptr<Job> >::iterator j = jobs_.begin(); j != jobs_.end(); ++j) {
     Job& job = **j;
     if (job.what != Job::DECODE) continue;
@@ -1014,12 +1016,20 @@ void CometStore<Dtype>::on_start() {
   // Measure the error estimate on the iterations where the bounds are revisited.
   measuring_ = param_.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE &&
                param_.update_interval() > 0 && iter % param_.update_interval() == 0;
+  if (Caffe::mode() == Caffe::CPU && !flushing_) {
+    float_mode_ = CometFlushDenormals();
+    flushing_ = true;
+  }
 }
 
 template <typename Dtype>
 void CometStore<Dtype>::on_gradients_ready() {
   FinishAll();  // decodes started for readers that did not come (a backward stopped early)
   measuring_ = false;
+  if (flushing_) {
+    CometSetFloatMode(float_mode_);
+    flushing_ = false;
+  }
   SetContext(-1, "outside the training step (pycaffe or a tool)");
   const int display = solver_->param().display();
   if (display && solver_->iter() % display == 0) stats_.Report(solver_->iter(), &entries_);

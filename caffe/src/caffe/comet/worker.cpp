@@ -3,6 +3,7 @@
 #include <atomic>  // NOLINT(build/c++11)
 #include <chrono>  // NOLINT(build/c++11)
 
+#include "caffe/comet/float_mode.hpp"
 #include "caffe/comet/worker.hpp"
 
 namespace caffe {
@@ -21,7 +22,8 @@ CometTeam& CometTeam::Get() {
 uint64_t CometTeam::forked_calls() { return forked.load(); }
 
 CometTeam::CometTeam()
-    : generation_(0), n_(0), next_(0), left_(0), active_(0), task_(NULL), arg_(NULL) {
+    : generation_(0), n_(0), next_(0), left_(0), active_(0), task_(NULL), arg_(NULL),
+      mode_(CometFloatMode()) {
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   for (unsigned i = 1; i < hw; ++i) threads_.push_back(std::thread(&CometTeam::Serve, this));
   for (size_t i = 0; i < threads_.size(); ++i) threads_[i].detach();
@@ -38,7 +40,9 @@ void CometTeam::Work(std::unique_lock<std::mutex>* lock, bool helper) {
     const int t = next_++;
     void (*task)(void*, int) = task_;
     void* arg = arg_;
+    const unsigned mode = mode_;
     lock->unlock();
+    CometSetFloatMode(mode);  // the caller's (a store's step flushes denormals)
     task(arg, t);
     lock->lock();
     if (--left_ == 0) done_.notify_all();
@@ -94,6 +98,7 @@ void CometTeam::Run(int n, void (*task)(void*, int), void* arg, bool fork_when_b
   std::unique_lock<std::mutex> lock(mutex_);
   task_ = task;
   arg_ = arg;
+  mode_ = CometFloatMode();
   n_ = n;
   next_ = 1;  // task 0 is the caller's
   left_ = n;

@@ -32,6 +32,7 @@
 #include "caffe/comet/block_pool.hpp"
 #include "caffe/comet/codes.hpp"
 #include "caffe/comet/curand_state.hpp"
+#include "caffe/comet/float_mode.hpp"
 #include "caffe/comet/error_model.hpp"
 #include "caffe/comet/gemm.hpp"
 #include "caffe/comet/layer_access.hpp"
@@ -190,6 +191,41 @@ TEST(CometTeamTest, ATeamThreadJoinsWhenTheWorkerGoesIdle) {
       gate.unlock();
     }
     worker.Wait(job);
+  }
+}
+
+// The team's tasks run in the caller's floating-point mode (float_mode.hpp): a store's step flushes
+// denormals, and the tiles of its products run on team threads.
+TEST(CometTeamTest, TasksRunInTheCallersFloatMode) {
+  struct Modes {
+    std::mutex m;
+    std::vector<unsigned> mode;
+    std::vector<std::thread::id> who;
+    static void Run(void* arg, int t) {
+      Modes* k = static_cast<Modes*>(arg);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::lock_guard<std::mutex> lock(k->m);
+      k->mode[t] = CometFloatMode();
+      k->who[t] = std::this_thread::get_id();
+    }
+  };
+  const unsigned original = CometFloatMode();
+  for (int flush = 1; flush >= 0; --flush) {
+    const unsigned mine = flush ? CometFlushDenormals() : CometFloatMode();
+    if (flush) ASSERT_NE(CometFloatMode() & ~0x3Fu, mine & ~0x3Fu) << "no mode to set here";
+    Modes k;
+    k.mode.assign(16, 0);
+    k.who.assign(16, std::thread::id());
+    CometTeam::Get().Run(16, &Modes::Run, &k);
+    int others = 0;
+    for (int t = 0; t < 16; ++t) {
+      // the control bits (MXCSR's low six are sticky exception flags)
+      EXPECT_EQ(k.mode[t] & ~0x3Fu, CometFloatMode() & ~0x3Fu) << "task " << t
+                                                               << (flush ? " (flushing)" : "");
+      others += k.who[t] != std::this_thread::get_id();
+    }
+    if (CometTeam::Get().size() > 1) EXPECT_GT(others, 0) << "no team thread ran a task";
+    CometSetFloatMode(original);
   }
 }
 
@@ -1728,6 +1764,31 @@ TEST_F(CometStoreTest, ResidualBlockTrainsBitIdenticallyWithExactStages) {
             SyncedMemory::UNINITIALIZED);
   EXPECT_EQ(CometLayerAccess<float>::rebuildable(n->layer_by_name("sc2").get())->data()->head(),
             SyncedMemory::UNINITIALIZED);
+}
+
+// A CPU step with a store runs with denormals flushed to zero (float_mode.hpp): a callback
+// registered after the store's sees the mode set in on_start; after the step the thread has its
+// own mode back. Without COMET nothing changes.
+TEST_F(CometStoreTest, AStepFlushesDenormalsAndGivesTheModeBack) {
+  struct Probe : public Solver<float>::Callback {
+    std::vector<unsigned> seen;
+    virtual void on_start() { seen.push_back(CometFloatMode()); }
+    virtual void on_gradients_ready() {}
+  };
+  const unsigned original = CometFloatMode();
+  for (int comet = 1; comet >= 0; --comet) {
+    shared_ptr<Solver<float> > s = MakeSolver(comet ? "comet { eb_mode: FIXED error_bound: 0.01 }" : "");
+    Probe probe;
+    s->add_callback(&probe);
+    Run(s.get(), 2);
+    ASSERT_EQ(probe.seen.size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(probe.seen[i] & 0x8040u, comet ? 0x8040u : (original & 0x8040u)) << "step " << i;
+    }
+    EXPECT_EQ(CometFloatMode() & ~0x3Fu, original & ~0x3Fu) << "the mode was not given back";
+    volatile float tiny = 1e-30f;
+    EXPECT_GT(tiny * 1e-10f, 0.f) << "denormals are flushed outside a step";
+  }
 }
 
 // ResNet's branch2b input: BatchNorm, Scale and ReLU in place on a blob that a Convolution reads.

@@ -1,0 +1,47 @@
+#ifndef CAFFE_COMET_FLOAT_MODE_HPP_
+#define CAFFE_COMET_FLOAT_MODE_HPP_
+
+// COMET-Caffe: a thread's floating-point mode (x86's MXCSR), so that a CPU training step with a
+// store runs with denormals flushed to zero. Measured (docs/comet.md, "A quieter machine"): with
+// the adaptive bounds, weight gradients of GoogLeNet's inception layers came out denormal (up to
+// 18% of a blob's values), and OpenBLAS's products with denormal results ran at half speed
+// (GoogLeNet 6.8 s a step against 5.0 with flushing, ResNet-18 4.7 against 4.3). Elsewhere
+// (no SSE) these do nothing.
+
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#define COMET_HAVE_MXCSR 1
+#endif
+
+namespace caffe {
+
+// The calling thread's mode, to be given back with CometSetFloatMode (0 where there is none).
+inline unsigned CometFloatMode() {
+#ifdef COMET_HAVE_MXCSR
+  return _mm_getcsr();
+#else
+  return 0;
+#endif
+}
+
+inline void CometSetFloatMode(unsigned mode) {
+#ifdef COMET_HAVE_MXCSR
+  if (_mm_getcsr() != mode) _mm_setcsr(mode);
+#else
+  (void)mode;
+#endif
+}
+
+// Flush-to-zero (results) and denormals-are-zero (inputs) on the calling thread; returns the
+// mode it had.
+inline unsigned CometFlushDenormals() {
+  const unsigned before = CometFloatMode();
+#ifdef COMET_HAVE_MXCSR
+  _mm_setcsr(before | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
+#endif
+  return before;
+}
+
+}  // namespace caffe
+
+#endif  // CAFFE_COMET_FLOAT_MODE_HPP_
