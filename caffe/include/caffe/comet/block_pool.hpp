@@ -60,7 +60,7 @@ const size_t kMaxPiecesPerBlock = 256;
 // first H200 run allocated and freed about 45 blocks a CaffeNet step (cudaFree synchronizes).
 // So device blocks come in sizes rounded up (BlockBytes: 2 MiB steps from 1 MiB on, which is
 // cudaMalloc's own granularity there), and a request takes the smallest cached block that holds
-// it with at most kFitSlack of waste.
+// it with at most an eighth of it, or one rounding step, of waste (Fits).
 class BlockPool {
  public:
   typedef std::pair<int, size_t> Key;

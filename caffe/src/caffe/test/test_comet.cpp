@@ -212,16 +212,19 @@ TEST(CometTeamTest, TasksRunInTheCallersFloatMode) {
   const unsigned original = CometFloatMode();
   for (int flush = 1; flush >= 0; --flush) {
     const unsigned mine = flush ? CometFlushDenormals() : CometFloatMode();
-    if (flush) ASSERT_NE(CometFloatMode() & ~0x3Fu, mine & ~0x3Fu) << "no mode to set here";
+    if (flush) {
+      ASSERT_NE(CometFloatMode() & ~kCometFloatFlags, mine & ~kCometFloatFlags)
+          << "no mode to set here";
+    }
     Modes k;
     k.mode.assign(16, 0);
     k.who.assign(16, std::thread::id());
     CometTeam::Get().Run(16, &Modes::Run, &k);
     int others = 0;
     for (int t = 0; t < 16; ++t) {
-      // the control bits (MXCSR's low six are sticky exception flags)
-      EXPECT_EQ(k.mode[t] & ~0x3Fu, CometFloatMode() & ~0x3Fu) << "task " << t
-                                                               << (flush ? " (flushing)" : "");
+      // the control bits, not the sticky exception flags
+      EXPECT_EQ(k.mode[t] & ~kCometFloatFlags, CometFloatMode() & ~kCometFloatFlags)
+          << "task " << t << (flush ? " (flushing)" : "");
       others += k.who[t] != std::this_thread::get_id();
     }
     if (CometTeam::Get().size() > 1) EXPECT_GT(others, 0) << "no team thread ran a task";
@@ -1783,9 +1786,11 @@ TEST_F(CometStoreTest, AStepFlushesDenormalsAndGivesTheModeBack) {
     Run(s.get(), 2);
     ASSERT_EQ(probe.seen.size(), 2u);
     for (int i = 0; i < 2; ++i) {
-      EXPECT_EQ(probe.seen[i] & 0x8040u, comet ? 0x8040u : (original & 0x8040u)) << "step " << i;
+      EXPECT_EQ(probe.seen[i] & kCometFlushBits,
+                comet ? kCometFlushBits : (original & kCometFlushBits)) << "step " << i;
     }
-    EXPECT_EQ(CometFloatMode() & ~0x3Fu, original & ~0x3Fu) << "the mode was not given back";
+    EXPECT_EQ(CometFloatMode() & ~kCometFloatFlags, original & ~kCometFloatFlags)
+        << "the mode was not given back";
     volatile float tiny = 1e-30f;
     EXPECT_GT(tiny * 1e-10f, 0.f) << "denormals are flushed outside a step";
   }
