@@ -37,6 +37,13 @@ class CometGemm {
   static bool Available(std::string* why);
   // A store starts (true) or stops using tiles; products are tiled while any store does.
   static void Use(bool on);
+  // Gives OpenBLAS's own threads the floating-point mode `mode` (float_mode.hpp), as a store's
+  // step gives its own thread: a thread keeps the mode of the thread that made it, and OpenBLAS
+  // makes its threads once, so this stops them and makes them again (about 70 us on 2 cores)
+  // when they were made in another mode. Products too small for the tiles run on them. False
+  // where this BLAS has no such threads (not OpenBLAS, or its OpenMP build). No BLAS call may
+  // run meanwhile on another thread: a store calls it between its steps' products.
+  static bool SetBlasThreadsMode(unsigned mode);
 
  private:
   static bool RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float alpha,

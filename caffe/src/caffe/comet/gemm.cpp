@@ -6,6 +6,7 @@
 #include <mutex>  // NOLINT(build/c++11)
 #include <string>
 
+#include "caffe/comet/float_mode.hpp"
 #include "caffe/comet/gemm.hpp"
 #include "caffe/comet/worker.hpp"
 #include "caffe/common.hpp"
@@ -28,22 +29,47 @@ const int kTileAlign = 16;  // rows or columns: a multiple of the kernels' unrol
 // Rows or columns of C in units of kTileAlign.
 int Units(int dim) { return (dim + kTileAlign - 1) / kTileAlign; }
 
+// A symbol of the BLAS this library calls: in the global scope, or else in the library that
+// holds cblas_sgemm (pycaffe's module, loaded without RTLD_GLOBAL, keeps it out of that scope).
+void* BlasSymbol(const char* name) {
+  void* symbol = dlsym(RTLD_DEFAULT, name);
+  Dl_info info;
+  if (symbol || !dladdr(reinterpret_cast<void*>(&cblas_sgemm), &info) || !info.dli_fname) return symbol;
+  void* lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (lib) {
+    symbol = dlsym(lib, name);
+    dlclose(lib);  // it stays loaded: RTLD_NOLOAD only counted one more reference
+  }
+  return symbol;
+}
+
 // OpenBLAS, found at run time: the process may link another BLAS.
 struct OpenBlas {
   void (*set_threads)(int);
   int threads;      // its own count, for every call but our tiles
   std::string why;  // why tiling cannot work here; empty when it can
-  std::mutex mutex;  // one tiled product at a time: the count is the whole process's
-  OpenBlas() : set_threads(NULL), threads(0) {
+  std::mutex mutex;  // one tiled product or remaking at a time: the count is the whole process's
+  // The pthread build's thread pool, stopped and started again (its own fork handlers); null
+  // elsewhere (an OpenMP build's threads are OpenMP's).
+  int (*stop_threads)();
+  int (*start_threads)();
+  unsigned threads_mode;  // the mode its threads were made in, flags cleared; ~0u: not known
+  OpenBlas() : set_threads(NULL), threads(0), stop_threads(NULL), start_threads(NULL),
+               threads_mode(~0u) {
     typedef int (*GetThreads)();
     typedef char* (*GetConfig)();
-    set_threads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-    GetThreads get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-    GetConfig config = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+    set_threads = reinterpret_cast<void (*)(int)>(BlasSymbol("openblas_set_num_threads"));
+    GetThreads get = reinterpret_cast<GetThreads>(BlasSymbol("openblas_get_num_threads"));
+    GetConfig config = reinterpret_cast<GetConfig>(BlasSymbol("openblas_get_config"));
     if (!set_threads || !get || !config) {
       why = "the BLAS in this process is not OpenBLAS";
     } else {
       const std::string c(config());
+      if (c.find("OPENMP") == std::string::npos) {
+        stop_threads = reinterpret_cast<int (*)()>(BlasSymbol("blas_thread_shutdown_"));
+        start_threads = reinterpret_cast<int (*)()>(BlasSymbol("blas_thread_init"));
+        if (!stop_threads || !start_threads) stop_threads = start_threads = NULL;
+      }
       threads = get();
       // With affinity a change of count pins or unpins the calling thread; with OpenMP the count
       // is each thread's own setting, so the team's threads would keep theirs.
@@ -109,6 +135,22 @@ bool CometGemm::Available(std::string* why) {
 }
 
 void CometGemm::Use(bool on) { users_ += on ? 1 : -1; }
+
+bool CometGemm::SetBlasThreadsMode(unsigned mode) {
+  OpenBlas& blas = OpenBlas::Get();
+  if (!blas.stop_threads) return false;
+  std::lock_guard<std::mutex> lock(blas.mutex);
+  const unsigned want = mode & ~kCometFloatFlags;
+  if (blas.threads_mode == want) return true;
+  // A new thread starts in its maker's mode: make them again from this thread, in `mode`.
+  const unsigned caller = CometFloatMode();
+  CometSetFloatMode(want | (caller & kCometFloatFlags));
+  blas.stop_threads();
+  blas.start_threads();
+  CometSetFloatMode(caller);
+  blas.threads_mode = want;
+  return true;
+}
 
 bool CometGemm::RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                          const float* A, const float* B, float beta, float* C, bool in_order) {

@@ -224,7 +224,10 @@ CometStore<Dtype>::~CometStore() {
   // data; nothing is reported from a destructor.
   worker_.reset();
   if (tiled_gemm_) CometGemm::Use(false);
-  if (flushing_) CometSetFloatMode(float_mode_);
+  if (flushing_) {
+    CometSetFloatMode(float_mode_);
+    CometGemm::SetBlasThreadsMode(float_mode_);
+  }
   for (typename std::list<shared_ptr<Job> >::iterator j = jobs_.begin(); j != jobs_.end(); ++j) {
     Job& job = **j;
     if (job.what != Job::DECODE) continue;
@@ -1018,6 +1021,7 @@ void CometStore<Dtype>::on_start() {
                param_.update_interval() > 0 && iter % param_.update_interval() == 0;
   if (Caffe::mode() == Caffe::CPU && !flushing_) {
     float_mode_ = CometFlushDenormals();
+    CometGemm::SetBlasThreadsMode(CometFloatMode());  // products below the tiles' size run there
     flushing_ = true;
   }
 }
@@ -1028,6 +1032,7 @@ void CometStore<Dtype>::on_gradients_ready() {
   measuring_ = false;
   if (flushing_) {
     CometSetFloatMode(float_mode_);
+    CometGemm::SetBlasThreadsMode(float_mode_);
     flushing_ = false;
   }
   SetContext(-1, "outside the training step (pycaffe or a tool)");

@@ -350,6 +350,56 @@ TEST(CometGemmTest, TilesGiveTheProductWhoeverRunsThem) {
   EXPECT_EQ(threads(), full);  // one thread for the tiles only
 }
 
+namespace {
+
+// Values of a 256^3 product whose sums are denormal (products of 1e-21 with 1e-21, 256 each):
+// C's part that a thread with flush-to-zero computes comes out 0. How many of C's values are not.
+int NonzeroOfADenormalProduct() {
+  const int n = 256;
+  std::vector<float> A(n * n, 1e-21f), B(n * n, 1e-21f), C(n * n, 7.f);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, A.data(), n, B.data(), n,
+              0.f, C.data(), n);
+  return static_cast<int>(n * n - std::count(C.begin(), C.end(), 0.f));
+}
+
+// Flush-to-zero alone (bit 15): DAZ on the calling thread would also zero what OpenBLAS's
+// threads compute from the blocks it packed, and hide their own mode.
+unsigned FlushToZeroOnly(unsigned mode) { return (mode & ~(kCometFloatFlags | 0x40u)) | 0x8000u; }
+
+int OpenBlasThreads() {
+  typedef int (*GetThreads)();
+  GetThreads threads = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return threads ? threads() : 0;
+}
+
+}  // namespace
+
+// OpenBLAS's own threads keep the mode they were made in: a flushed caller alone leaves their
+// part of a product denormal; made again in the caller's mode, they flush too, and made again in
+// the old mode, they give it back.
+TEST(CometGemmTest, OpenBlasThreadsTakeTheModeTheyAreGiven) {
+  const unsigned original = CometFloatMode();
+  if (!CometGemm::SetBlasThreadsMode(original) || OpenBlasThreads() < 2) {
+    std::cout << "no OpenBLAS thread pool (pthread build, 2 threads or more) here: nothing to check"
+              << std::endl;
+    return;
+  }
+  const int all = 256 * 256;
+  ASSERT_EQ(NonzeroOfADenormalProduct(), all) << "nothing flushed: every sum is denormal";
+  const unsigned ftz = FlushToZeroOnly(original);
+  CometSetFloatMode(ftz);
+  const int caller_alone = NonzeroOfADenormalProduct();
+  EXPECT_GT(caller_alone, 0) << "OpenBLAS's threads flushed before they were made again";
+  EXPECT_LT(caller_alone, all) << "the calling thread did not flush its part";
+  ASSERT_TRUE(CometGemm::SetBlasThreadsMode(ftz));
+  EXPECT_EQ(CometFloatMode() & ~kCometFloatFlags, ftz) << "the caller's own mode changed";
+  EXPECT_EQ(NonzeroOfADenormalProduct(), 0) << "OpenBLAS's threads do not flush";
+  ASSERT_TRUE(CometGemm::SetBlasThreadsMode(original));
+  EXPECT_EQ(NonzeroOfADenormalProduct(), caller_alone) << "OpenBLAS's threads kept the flush";
+  CometSetFloatMode(original);
+  EXPECT_EQ(NonzeroOfADenormalProduct(), all);
+}
+
 // The encoder's output buffer is sized for the worst case (about 4 bytes a value) but only the
 // pages a stream writes are resident and counted: a mostly-zero 16 MB blob, 1/32 of it nonzero,
 // leaves well under a byte a value held, and the stream decodes to the same values.
@@ -1773,11 +1823,21 @@ TEST_F(CometStoreTest, ResidualBlockTrainsBitIdenticallyWithExactStages) {
 // registered after the store's sees the mode set in on_start; after the step the thread has its
 // own mode back. Without COMET nothing changes.
 TEST_F(CometStoreTest, AStepFlushesDenormalsAndGivesTheModeBack) {
+  // Also what OpenBLAS's threads do with a product's denormal sums (the caller set to flush-to-zero
+  // alone for it, which leaves their part as their own mode makes it): flushed in the step.
   struct Probe : public Solver<float>::Callback {
     std::vector<unsigned> seen;
-    virtual void on_start() { seen.push_back(CometFloatMode()); }
+    std::vector<int> nonzero;
+    virtual void on_start() {
+      const unsigned mode = CometFloatMode();
+      seen.push_back(mode);
+      CometSetFloatMode(FlushToZeroOnly(mode));
+      nonzero.push_back(NonzeroOfADenormalProduct());
+      CometSetFloatMode(mode);
+    }
     virtual void on_gradients_ready() {}
   };
+  const bool pool = OpenBlasThreads() >= 2 && CometGemm::SetBlasThreadsMode(CometFloatMode());
   const unsigned original = CometFloatMode();
   for (int comet = 1; comet >= 0; --comet) {
     shared_ptr<Solver<float> > s = MakeSolver(comet ? "comet { eb_mode: FIXED error_bound: 0.01 }" : "");
@@ -1788,11 +1848,18 @@ TEST_F(CometStoreTest, AStepFlushesDenormalsAndGivesTheModeBack) {
     for (int i = 0; i < 2; ++i) {
       EXPECT_EQ(probe.seen[i] & kCometFlushBits,
                 comet ? kCometFlushBits : (original & kCometFlushBits)) << "step " << i;
+      if (pool && comet) EXPECT_EQ(probe.nonzero[i], 0) << "OpenBLAS's threads in step " << i;
+      if (pool && !comet) EXPECT_GT(probe.nonzero[i], 0) << "flushed without a store, step " << i;
     }
     EXPECT_EQ(CometFloatMode() & ~kCometFloatFlags, original & ~kCometFloatFlags)
         << "the mode was not given back";
     volatile float tiny = 1e-30f;
     EXPECT_GT(tiny * 1e-10f, 0.f) << "denormals are flushed outside a step";
+    if (pool) {
+      CometSetFloatMode(FlushToZeroOnly(original));
+      EXPECT_GT(NonzeroOfADenormalProduct(), 0) << "OpenBLAS's threads still flush after the steps";
+      CometSetFloatMode(original);
+    }
   }
 }
 
