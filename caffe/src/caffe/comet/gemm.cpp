@@ -24,6 +24,12 @@ namespace {
 // stayed within -8% to +7%).
 const double kTileFlops = 8388608.0;
 const int kTilesPerCore = 2;
+// Below the tiles, products that OpenBLAS would split over its threads (M*N*K >= 262144, its
+// default SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD) run on the calling thread alone: with
+// a worker busy, OpenBLAS's other thread shares the worker's core and the caller waits for it.
+// GoogLeNet's inception branches make thousands a step (1x1 reductions to 16-64 channels):
+// one thread for them cut its step by about 5% with COMET on (docs/comet.md).
+const double kSplitFlops = 524288.0;
 const int kTileAlign = 16;  // rows or columns: a multiple of the kernels' unrolling
 
 // Rows or columns of C in units of kTileAlign.
@@ -157,7 +163,17 @@ bool CometGemm::RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float 
   OpenBlas& blas = OpenBlas::Get();
   Product p;
   p.tiles = Tiles(M, N, K, &p.rows);
-  if (!blas.set_threads || p.tiles == 0) return false;
+  if (!blas.set_threads) return false;
+  if (p.tiles == 0) {
+    if (in_order || 2.0 * M * N * K < kSplitFlops) return false;  // OpenBLAS runs one thread
+    std::lock_guard<std::mutex> lock(blas.mutex);
+    blas.set_threads(1);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, trans_a ? M : K, B,
+                trans_b ? K : N, beta, C, N);
+    blas.set_threads(blas.threads);
+    return true;
+  }
   p.trans_a = trans_a;
   p.trans_b = trans_b;
   p.M = M;

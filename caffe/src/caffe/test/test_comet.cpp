@@ -400,6 +400,45 @@ TEST(CometGemmTest, OpenBlasThreadsTakeTheModeTheyAreGiven) {
   EXPECT_EQ(NonzeroOfADenormalProduct(), all);
 }
 
+// Products too small for tiles but split by OpenBLAS run on the calling thread alone while a
+// store uses tiles: with the caller set to flush-to-zero and OpenBLAS's threads not, a denormal
+// product comes out all 0 (OpenBLAS's own split leaves their part nonzero), and the values of
+// normal products are OpenBLAS's own, bit for bit.
+TEST(CometGemmTest, ProductsBelowTheTilesRunOnTheCallingThread) {
+  std::string why;
+  const unsigned original = CometFloatMode();
+  if (!CometGemm::Available(&why) || !CometGemm::SetBlasThreadsMode(original)) {
+    std::cout << "CometGemm not available here (" << why << "): nothing to check" << std::endl;
+    return;
+  }
+  const int threads = OpenBlasThreads();
+  const int n = 128;  // 4 M flops: below the tiles (no tiles), above OpenBLAS's split
+  bool rows;
+  ASSERT_EQ(CometGemm::Tiles(n, n, n, &rows), 0);
+  std::vector<float> A(n * n, 1e-21f), B(n * n, 1e-21f), C(n * n, 7.f), D(n * n, 7.f);
+  CometSetFloatMode(FlushToZeroOnly(original));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, A.data(), n, B.data(), n,
+              0.f, D.data(), n);
+  EXPECT_GT(n * n - std::count(D.begin(), D.end(), 0.f), 0) << "OpenBLAS did not split it";
+  CometGemm::Use(true);
+  const bool ran = CometGemm::Run(false, false, n, n, n, 1.f, A.data(), B.data(), 0.f, C.data());
+  CometSetFloatMode(original);
+  EXPECT_TRUE(ran) << "left to OpenBLAS's threads";
+  EXPECT_EQ(std::count(C.begin(), C.end(), 0.f), n * n) << "a thread that does not flush ran a part";
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (int i = 0; i < n * n; ++i) A[i] = normal(rng), B[i] = normal(rng);
+  for (int mode = 0; mode < 4; ++mode) {
+    const bool ta = mode & 1, tb = mode & 2;
+    ASSERT_TRUE(CometGemm::Run(ta, tb, n, n, n, 1.5f, A.data(), B.data(), 0.f, C.data()));
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, n, n,
+                n, 1.5f, A.data(), n, B.data(), n, 0.f, D.data(), n);
+    for (int i = 0; i < n * n; ++i) ASSERT_EQ(C[i], D[i]) << "element " << i << " mode " << mode;
+  }
+  CometGemm::Use(false);
+  EXPECT_EQ(OpenBlasThreads(), threads) << "OpenBLAS's count not given back";
+}
+
 // The encoder's output buffer is sized for the worst case (about 4 bytes a value) but only the
 // pages a stream writes are resident and counted: a mostly-zero 16 MB blob, 1/32 of it nonzero,
 // leaves well under a byte a value held, and the stream decodes to the same values.
