@@ -17,9 +17,9 @@ class CometGemm {
  public:
   // caffe_cpu_gemm<float>'s product (row major): C = alpha op(A) op(B) + beta C, op(A) M x K,
   // op(B) K x N. True when it ran here: as tiles, or, too small for tiles but large enough for
-  // OpenBLAS to split it, on the calling thread alone (with the worker on the other core, a
-  // split product waits for OpenBLAS's thread that shares it); false when tiling is off or the
-  // product is smaller (the caller then calls BLAS, as upstream does).
+  // OpenBLAS to split it, as one OpenBLAS call on a thread fewer than the cores (on 2 cores the
+  // calling thread alone: a part on the worker's core would hold the others back); false when
+  // tiling is off or the product is smaller (the caller then calls BLAS, as upstream does).
   static bool Run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                   const float* B, float beta, float* C) {
     return users_.load(std::memory_order_relaxed) > 0 &&

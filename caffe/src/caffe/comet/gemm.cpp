@@ -25,10 +25,11 @@ namespace {
 const double kTileFlops = 8388608.0;
 const int kTilesPerCore = 2;
 // Below the tiles, products that OpenBLAS would split over its threads (M*N*K >= 262144, its
-// default SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD) run on the calling thread alone: with
-// a worker busy, OpenBLAS's other thread shares the worker's core and the caller waits for it.
-// GoogLeNet's inception branches make thousands a step (1x1 reductions to 16-64 channels):
-// one thread for them cut its step by about 5% with COMET on (docs/comet.md).
+// default SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD) run on one thread fewer than the
+// cores, leaving the worker's core to it (on 2 cores: the calling thread alone): split over
+// every core, one part shares the worker's core and the others wait for it. GoogLeNet's
+// inception branches make thousands a step (1x1 reductions to 16-64 channels): on 2 cores one
+// thread for them cut its step by about 5% with COMET on (docs/comet.md).
 const double kSplitFlops = 524288.0;
 const int kTileAlign = 16;  // rows or columns: a multiple of the kernels' unrolling
 
@@ -165,9 +166,11 @@ bool CometGemm::RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float 
   p.tiles = Tiles(M, N, K, &p.rows);
   if (!blas.set_threads) return false;
   if (p.tiles == 0) {
-    if (in_order || 2.0 * M * N * K < kSplitFlops) return false;  // OpenBLAS runs one thread
+    const int threads =
+        std::max(1, std::min(blas.threads, static_cast<int>(CometTeam::Get().size()) - 1));
+    if (in_order || threads == blas.threads || 2.0 * M * N * K < kSplitFlops) return false;
     std::lock_guard<std::mutex> lock(blas.mutex);
-    blas.set_threads(1);
+    blas.set_threads(threads);
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, trans_a ? M : K, B,
                 trans_b ? K : N, beta, C, N);

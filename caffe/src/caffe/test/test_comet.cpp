@@ -400,11 +400,11 @@ TEST(CometGemmTest, OpenBlasThreadsTakeTheModeTheyAreGiven) {
   EXPECT_EQ(NonzeroOfADenormalProduct(), all);
 }
 
-// Products too small for tiles but split by OpenBLAS run on the calling thread alone while a
-// store uses tiles: with the caller set to flush-to-zero and OpenBLAS's threads not, a denormal
-// product comes out all 0 (OpenBLAS's own split leaves their part nonzero), and the values of
-// normal products are OpenBLAS's own, bit for bit.
-TEST(CometGemmTest, ProductsBelowTheTilesRunOnTheCallingThread) {
+// Products too small for tiles but split by OpenBLAS run on a thread fewer than the cores while
+// a store uses tiles, on 2 cores the calling thread alone: there, with the caller set to
+// flush-to-zero and OpenBLAS's threads not, a denormal product comes out all 0 (OpenBLAS's own
+// split leaves their part nonzero). The values of normal products are OpenBLAS's own, bit for bit.
+TEST(CometGemmTest, ProductsBelowTheTilesLeaveTheWorkerACore) {
   std::string why;
   const unsigned original = CometFloatMode();
   if (!CometGemm::Available(&why) || !CometGemm::SetBlasThreadsMode(original)) {
@@ -424,7 +424,9 @@ TEST(CometGemmTest, ProductsBelowTheTilesRunOnTheCallingThread) {
   const bool ran = CometGemm::Run(false, false, n, n, n, 1.f, A.data(), B.data(), 0.f, C.data());
   CometSetFloatMode(original);
   EXPECT_TRUE(ran) << "left to OpenBLAS's threads";
-  EXPECT_EQ(std::count(C.begin(), C.end(), 0.f), n * n) << "a thread that does not flush ran a part";
+  if (CometTeam::Get().size() == 2) {
+    EXPECT_EQ(std::count(C.begin(), C.end(), 0.f), n * n) << "a thread that does not flush ran a part";
+  }
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
   for (int i = 0; i < n * n; ++i) A[i] = normal(rng), B[i] = normal(rng);
