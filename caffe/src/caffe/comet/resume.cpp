@@ -33,7 +33,7 @@ std::string CometFileBeside(const std::string& solverstate, const std::string& e
 
 // Counts the forwards of the train net's data layers (each hands out one batch).
 template <typename Dtype>
-class CometResume<Dtype>::Counter : public Net<Dtype>::Callback {
+class CometResume<Dtype>::Counter final : public Net<Dtype>::Callback {
  public:
   explicit Counter(CometResume<Dtype>* owner) : owner_(owner) {}
 

@@ -227,7 +227,9 @@ TEST(CometTeamTest, TasksRunInTheCallersFloatMode) {
           << "task " << t << (flush ? " (flushing)" : "");
       others += k.who[t] != std::this_thread::get_id();
     }
-    if (CometTeam::Get().size() > 1) EXPECT_GT(others, 0) << "no team thread ran a task";
+    if (CometTeam::Get().size() > 1) {
+      EXPECT_GT(others, 0) << "no team thread ran a task";
+    }
     CometSetFloatMode(original);
   }
 }
@@ -476,7 +478,9 @@ TEST_F(CometPayloadTest, LossyRespectsTheBoundAndKeepsZeros) {
     ASSERT_TRUE(CometDecode(*p, out.data(), &error)) << error;
     EXPECT_LE(MaxAbsDiff(blob.cpu_data(), out.data(), blob.count()), ebs[k]);
     for (int i = 0; i < blob.count(); ++i) {
-      if (blob.cpu_data()[i] == 0.f) ASSERT_EQ(out[i], 0.f) << i;
+      if (blob.cpu_data()[i] == 0.f) {
+        ASSERT_EQ(out[i], 0.f) << i;
+      }
     }
   }
 }
@@ -1889,8 +1893,11 @@ TEST_F(CometStoreTest, AStepFlushesDenormalsAndGivesTheModeBack) {
     for (int i = 0; i < 2; ++i) {
       EXPECT_EQ(probe.seen[i] & kCometFlushBits,
                 comet ? kCometFlushBits : (original & kCometFlushBits)) << "step " << i;
-      if (pool && comet) EXPECT_EQ(probe.nonzero[i], 0) << "OpenBLAS's threads in step " << i;
-      if (pool && !comet) EXPECT_GT(probe.nonzero[i], 0) << "flushed without a store, step " << i;
+      if (pool && comet) {
+        EXPECT_EQ(probe.nonzero[i], 0) << "OpenBLAS's threads in step " << i;
+      } else if (pool) {
+        EXPECT_GT(probe.nonzero[i], 0) << "flushed without a store, step " << i;
+      }
     }
     EXPECT_EQ(CometFloatMode() & ~kCometFloatFlags, original & ~kCometFloatFlags)
         << "the mode was not given back";
