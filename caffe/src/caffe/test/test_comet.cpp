@@ -2790,6 +2790,27 @@ TEST_F(CometGPUTest, DeviceMasksMatchHostMasks) {
     ASSERT_EQ(out.cpu_data()[i] > 0, blob.cpu_data()[i] > 0) << i;
 }
 
+// Many blocks and warps (the kernels sum their popcounts per warp), and one NaN among 8 million
+// values, found by the device pack as by the host's.
+TEST_F(CometGPUTest, LargeDeviceMasksCountAndRefuseAsTheHostDoes) {
+  Blob<float> blob(8, 64, 128, 128);  // 8 Mi values, 262,144 words
+  FillActivations(&blob, 0.5f, 0.05f, 13);
+  shared_ptr<CometPayload> h = CometEncodeMask(blob.cpu_data(), blob.count(), false, "x");
+  shared_ptr<CometPayload> d = CometEncodeMask(blob.gpu_data(), blob.count(), true, "x");
+  ASSERT_TRUE(h.get() != NULL && d.get() != NULL);
+  EXPECT_EQ(h->mask_popcount, d->mask_popcount);
+  Blob<float> out(blob.shape());
+  std::string error;
+  ASSERT_TRUE(CometDecode(*d, out.mutable_gpu_data(), &error)) << error;
+  size_t ones = 0;
+  for (int i = 0; i < out.count(); ++i) ones += out.cpu_data()[i] > 0;
+  EXPECT_EQ(ones, static_cast<size_t>(h->mask_popcount));
+  blob.mutable_cpu_data()[blob.count() / 2 + 17] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(CometEncodeMask(blob.cpu_data(), blob.count(), false, "x").get() == NULL);
+  EXPECT_TRUE(CometEncodeMask(blob.gpu_data(), blob.count(), true, "x").get() == NULL)
+      << "the device pack missed the NaN";
+}
+
 TEST_F(CometGPUTest, ExactStagesAreBitIdenticalToCometOff) {
   shared_ptr<Solver<float> > off = MakeSolver("");
   shared_ptr<Solver<float> > on = MakeSolver("comet { compress_type: 'None' }");
