@@ -432,11 +432,12 @@ TEST(CometGemmTest, ProductsBelowTheTilesLeaveTheWorkerACore) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
   for (int i = 0; i < n * n; ++i) A[i] = normal(rng), B[i] = normal(rng);
-  for (int mode = 0; mode < 4; ++mode) {
+  for (int mode = 0; mode < 8; ++mode) {  // alpha 1, beta 0 too: OpenBLAS's direct kernels
     const bool ta = mode & 1, tb = mode & 2;
-    ASSERT_TRUE(CometGemm::Run(ta, tb, n, n, n, 1.5f, A.data(), B.data(), 0.f, C.data()));
+    const float alpha = mode & 4 ? 1.5f : 1.f;
+    ASSERT_TRUE(CometGemm::Run(ta, tb, n, n, n, alpha, A.data(), B.data(), 0.f, C.data()));
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, n, n,
-                n, 1.5f, A.data(), n, B.data(), n, 0.f, D.data(), n);
+                n, alpha, A.data(), n, B.data(), n, 0.f, D.data(), n);
     for (int i = 0; i < n * n; ++i) ASSERT_EQ(C[i], D[i]) << "element " << i << " mode " << mode;
   }
   CometGemm::Use(false);
