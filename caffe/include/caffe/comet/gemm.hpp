@@ -46,6 +46,8 @@ class CometGemm {
   // where this BLAS has no such threads (not OpenBLAS, or its OpenMP build). No BLAS call may
   // run meanwhile on another thread: a store calls it between its steps' products.
   static bool SetBlasThreadsMode(unsigned mode);
+  // Whether SetBlasThreadsMode can work in this process.
+  static bool CanSetBlasThreadsMode();
 
  private:
   static bool RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float alpha,

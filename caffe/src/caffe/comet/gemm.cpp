@@ -143,6 +143,8 @@ bool CometGemm::Available(std::string* why) {
 
 void CometGemm::Use(bool on) { users_ += on ? 1 : -1; }
 
+bool CometGemm::CanSetBlasThreadsMode() { return OpenBlas::Get().stop_threads != NULL; }
+
 bool CometGemm::SetBlasThreadsMode(unsigned mode) {
   OpenBlas& blas = OpenBlas::Get();
   if (!blas.stop_threads) return false;

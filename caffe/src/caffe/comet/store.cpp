@@ -178,6 +178,11 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
     tiled_gemm_ = CometGemm::Available(&why);
     if (!tiled_gemm_) LOG(INFO) << "COMET: tiled_gemm does nothing here: " << why;
   }
+  if (cpu && !CometGemm::CanSetBlasThreadsMode())
+    LOG(INFO) << "COMET: the BLAS's own threads keep their floating-point mode here (only "
+                 "OpenBLAS's pthread build lets the store remake them), so products they run may "
+                 "meet denormals and run slower with COMET on (docs/comet.md, \"OpenBLAS's "
+                 "threads, flushed and bypassed\")";
   if (cpu && param_.async() && !getenv("OPENBLAS_THREAD_TIMEOUT"))
     LOG(INFO) << "COMET: OPENBLAS_THREAD_TIMEOUT is not set. With OpenBLAS its idle threads spin "
                  "for about 0.1 s after each call, on the cores this store's worker and Caffe's "
