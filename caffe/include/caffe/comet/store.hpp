@@ -79,6 +79,9 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   void Hold(Entry* e, SyncedMemory* mem, const shared_ptr<CometPayload>& p);
   void ReluBackwardFromMask(int layer);
   void Sample();
+  // The step's end (or the store's): the float mode before the step back on this thread and on
+  // OpenBLAS's (float_mode.hpp, CometGemm::SetBlasThreadsMode).
+  void StopFlushing();
 
   // An encode after a blob's last forward reader, or a decode started a backward layer ahead of
   // its reader (comet { async }, CPU mode; docs/comet.md#asynchronous-work).

@@ -167,17 +167,12 @@ bool CometGemm::RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float 
   Product p;
   p.tiles = Tiles(M, N, K, &p.rows);
   if (!blas.set_threads) return false;
-  if (p.tiles == 0) {
-    const int threads =
-        std::max(1, std::min(blas.threads, static_cast<int>(CometTeam::Get().size()) - 1));
-    if (in_order || threads == blas.threads || 2.0 * M * N * K < kSplitFlops) return false;
-    std::lock_guard<std::mutex> lock(blas.mutex);
-    blas.set_threads(threads);
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, trans_a ? M : K, B,
-                trans_b ? K : N, beta, C, N);
-    blas.set_threads(blas.threads);
-    return true;
+  int threads = 1;  // OpenBLAS's count for each call: one a tile
+  if (p.tiles == 0) {  // below the tiles: one call, leaving the worker's core (kSplitFlops)
+    if (in_order || 2.0 * M * N * K < kSplitFlops) return false;
+    threads = std::max(1, std::min(blas.threads, static_cast<int>(CometTeam::Get().size()) - 1));
+    if (threads == blas.threads) return false;
+    p.tiles = 1;
   }
   p.trans_a = trans_a;
   p.trans_b = trans_b;
@@ -194,8 +189,8 @@ bool CometGemm::RunTiles(bool trans_a, bool trans_b, int M, int N, int K, float 
   // OpenBLAS runs one thread for the tiles and its own count for every other call: each call's
   // count follows from the program, never from timing, so neither do its numbers.
   std::lock_guard<std::mutex> lock(blas.mutex);
-  blas.set_threads(1);
-  if (in_order) {
+  blas.set_threads(threads);
+  if (in_order || p.tiles == 1) {
     for (int t = 0; t < p.tiles; ++t) p.Run(t);
   } else {
     CometTeam::Get().Run(p.tiles, &Product::Task, &p, false);

@@ -229,10 +229,7 @@ CometStore<Dtype>::~CometStore() {
   // data; nothing is reported from a destructor.
   worker_.reset();
   if (tiled_gemm_) CometGemm::Use(false);
-  if (flushing_) {
-    CometSetFloatMode(float_mode_);
-    CometGemm::SetBlasThreadsMode(float_mode_);
-  }
+  StopFlushing();
   for (typename std::list<shared_ptr<Job> >::iterator j = jobs_.begin(); j != jobs_.end(); ++j) {
     Job& job = **j;
     if (job.what != Job::DECODE) continue;
@@ -1032,14 +1029,18 @@ void CometStore<Dtype>::on_start() {
 }
 
 template <typename Dtype>
+void CometStore<Dtype>::StopFlushing() {
+  if (!flushing_) return;
+  CometSetFloatMode(float_mode_);
+  CometGemm::SetBlasThreadsMode(float_mode_);
+  flushing_ = false;
+}
+
+template <typename Dtype>
 void CometStore<Dtype>::on_gradients_ready() {
   FinishAll();  // decodes started for readers that did not come (a backward stopped early)
   measuring_ = false;
-  if (flushing_) {
-    CometSetFloatMode(float_mode_);
-    CometGemm::SetBlasThreadsMode(float_mode_);
-    flushing_ = false;
-  }
+  StopFlushing();
   SetContext(-1, "outside the training step (pycaffe or a tool)");
   const int display = solver_->param().display();
   if (display && solver_->iter() % display == 0) stats_.Report(solver_->iter(), &entries_);

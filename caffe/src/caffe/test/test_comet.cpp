@@ -282,16 +282,38 @@ TEST(CometWorkerTest, AWaitingStepRunsQueuedJobsAndTicketsEndInOrder) {
   EXPECT_TRUE(ran_d);
 }
 
+namespace {
+
+// Values of a 256^3 product whose sums are denormal (products of 1e-21 with 1e-21, 256 each):
+// C's part that a thread with flush-to-zero computes comes out 0. How many of C's values are not.
+int NonzeroOfADenormalProduct() {
+  const int n = 256;
+  std::vector<float> A(n * n, 1e-21f), B(n * n, 1e-21f), C(n * n, 7.f);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, A.data(), n, B.data(), n,
+              0.f, C.data(), n);
+  return static_cast<int>(n * n - std::count(C.begin(), C.end(), 0.f));
+}
+
+// Flush-to-zero alone (bit 15): DAZ on the calling thread would also zero what OpenBLAS's
+// threads compute from the blocks it packed, and hide their own mode.
+unsigned FlushToZeroOnly(unsigned mode) { return (mode & ~(kCometFloatFlags | 0x40u)) | 0x8000u; }
+
+int OpenBlasThreads() {
+  typedef int (*GetThreads)();
+  GetThreads threads = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return threads ? threads() : 0;
+}
+
+}  // namespace
+
 TEST(CometGemmTest, TilesGiveTheProductWhoeverRunsThem) {
   std::string why;
   if (!CometGemm::Available(&why)) {
     std::cout << "CometGemm not available here (" << why << "): nothing to check" << std::endl;
     return;
   }
-  typedef int (*GetThreads)();
-  GetThreads threads = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  ASSERT_TRUE(threads != NULL);
-  const int full = threads();
+  const int full = OpenBlasThreads();
+  ASSERT_GT(full, 0);
   bool rows;
   EXPECT_EQ(CometGemm::Tiles(16, 16, 16, &rows), 0);  // small: BLAS as upstream
   float tiny = 0;
@@ -349,32 +371,9 @@ TEST(CometGemmTest, TilesGiveTheProductWhoeverRunsThem) {
     }
   }
   CometGemm::Use(false);
-  EXPECT_EQ(threads(), full);  // one thread for the tiles only
+  EXPECT_EQ(OpenBlasThreads(), full);  // one thread for the tiles only
 }
 
-namespace {
-
-// Values of a 256^3 product whose sums are denormal (products of 1e-21 with 1e-21, 256 each):
-// C's part that a thread with flush-to-zero computes comes out 0. How many of C's values are not.
-int NonzeroOfADenormalProduct() {
-  const int n = 256;
-  std::vector<float> A(n * n, 1e-21f), B(n * n, 1e-21f), C(n * n, 7.f);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, A.data(), n, B.data(), n,
-              0.f, C.data(), n);
-  return static_cast<int>(n * n - std::count(C.begin(), C.end(), 0.f));
-}
-
-// Flush-to-zero alone (bit 15): DAZ on the calling thread would also zero what OpenBLAS's
-// threads compute from the blocks it packed, and hide their own mode.
-unsigned FlushToZeroOnly(unsigned mode) { return (mode & ~(kCometFloatFlags | 0x40u)) | 0x8000u; }
-
-int OpenBlasThreads() {
-  typedef int (*GetThreads)();
-  GetThreads threads = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  return threads ? threads() : 0;
-}
-
-}  // namespace
 
 // OpenBLAS's own threads keep the mode they were made in: a flushed caller alone leaves their
 // part of a product denormal; made again in the caller's mode, they flush too, and made again in
