@@ -188,3 +188,40 @@ print(json.dumps(solver.comet_stats()))
     assert stats["memory"]["peak_total"] > 0
     assert set(stats["pool"]) == {"reused", "allocated", "returned", "cached", "in_use", "peak_in_use"}
     assert stats["pool"]["in_use"] + stats["pool"]["cached"] <= stats["pool"]["peak_in_use"]
+
+
+@pytest.mark.parametrize("comet", ["comet { eb_mode: FIXED error_bound: 1e-2 }", ""], ids=["comet-on", "comet-off"])
+def test_pycaffe_net_outlives_its_solver(tmp_path, comet):
+    """`net = solver.net; del solver` keeps a plain Caffe net: its next forward used to crash (signal 11)
+    in callbacks that the solver's COMET store and resume counter had left on it, COMET on or off."""
+    (tmp_path / "net.prototxt").write_text(COMET_NET)
+    (tmp_path / "solver.prototxt").write_text(
+        f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 10\n'
+        f'solver_mode: CPU\nrandom_seed: 3\n{comet}\n')
+    code = f"""
+import sys, numpy as np
+sys.path.insert(0, {str(PYCAFFE)!r})
+import caffe
+caffe.set_mode_cpu()
+solver = caffe.get_solver({str(tmp_path / 'solver.prototxt')!r})
+solver.step(2)
+net = solver.net
+del solver
+plain = caffe.Net({str(tmp_path / 'net.prototxt')!r}, caffe.TRAIN)
+for name in plain.params:
+    for a, b in zip(net.params[name], plain.params[name]):
+        b.data[...] = a.data
+for round in range(2):
+    losses = []
+    for n in (net, plain):
+        caffe.set_random_seed(11 + round)
+        losses.append(float(n.forward()['loss']))
+        n.backward()
+    assert losses[0] == losses[1], losses
+    for name in plain.blobs:
+        assert np.array_equal(net.blobs[name].data, plain.blobs[name].data), name
+print('outlived ok', losses[0])
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, GLOG_minloglevel="2"))
+    assert r.returncode == 0 and "outlived ok" in r.stdout, (r.returncode, r.stderr[-3000:])

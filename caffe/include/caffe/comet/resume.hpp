@@ -45,7 +45,7 @@ class CometResume : public Solver<Dtype>::Callback {
   std::vector<bool> is_data_;     // layer -> a source layer whose batches move on (Data, ...)
   std::vector<long long> batches_;  // layer -> forwards so far
   std::vector<long long> pending_;  // layer -> where Load wants it, or -1
-  Counter* counter_;
+  shared_ptr<Counter> counter_;  // registered on the net, which may outlive this
 };
 
 }  // namespace caffe

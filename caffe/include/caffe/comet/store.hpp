@@ -55,6 +55,9 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
 
  private:
   class Hook;
+  // What a net that outlives the store keeps of it (LeaveNet, at the store's end).
+  struct Orphan;
+  void LeaveNet();
   // (Re)plans from the net as it is now and the aliases found so far; entries that keep their
   // blob keep what they stored.
   void MakePlan();

@@ -658,6 +658,11 @@ namespace {
 // A read of memory the plan said nobody reads now: `state` says what the memory is, `reads`
 // how the reader came to it, `setting` what avoids it.
 void FatalUnforeseenRead(const std::string& state, const char* reads, const char* setting) {
+  if (!read_describer) {  // no store runs the net now (its solver is gone, a tool, a test)
+    CometFatal("COMET: " + state + ", and " + CometReadContext() + " " + reads + "; a forward "
+               "pass writes it again");
+    return;
+  }
   CometFatal("COMET: " + state + ", and " + CometReadContext() + " " + reads + ". The plan did "
              "not foresee this read: report it with the net (docs/comet.md#layer-facts); "
              "comet { " + setting);

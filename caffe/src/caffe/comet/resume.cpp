@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "caffe/comet/curand_state.hpp"
+#include "caffe/comet/net_callbacks.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/resume.hpp"
 #include "caffe/layers/base_data_layer.hpp"
@@ -31,15 +32,17 @@ std::string CometFileBeside(const std::string& solverstate, const std::string& e
   return base + extension;
 }
 
-// Counts the forwards of the train net's data layers (each hands out one batch).
+// Counts the forwards of the train net's data layers (each hands out one batch); once its owner
+// is gone (the net outlives the solver), nothing.
 template <typename Dtype>
 class CometResume<Dtype>::Counter final : public Net<Dtype>::Callback {
  public:
   explicit Counter(CometResume<Dtype>* owner) : owner_(owner) {}
+  void Orphaned() { owner_ = NULL; }
 
  protected:
   virtual void run(int layer) {
-    if (owner_->is_data_[layer]) ++owner_->batches_[layer];
+    if (owner_ && owner_->is_data_[layer]) ++owner_->batches_[layer];
   }
 
  private:
@@ -60,13 +63,15 @@ CometResume<Dtype>::CometResume(Solver<Dtype>* solver)
                   (dynamic_cast<BasePrefetchingDataLayer<Dtype>*>(l) != NULL ||
                    std::string(l->type()) == "HDF5Data");
   }
-  net_->add_before_forward(counter_);
+  net_->add_before_forward(counter_.get());
   solver_->add_callback(this);
 }
 
 template <typename Dtype>
 CometResume<Dtype>::~CometResume() {
-  delete counter_;
+  counter_->Orphaned();  // the net may live on and call it (net_callbacks.hpp)
+  CometNetCallbacks<Dtype>::Outlive(
+      *net_, std::vector<shared_ptr<typename Net<Dtype>::Callback> >(1, counter_));
 }
 
 template <typename Dtype>

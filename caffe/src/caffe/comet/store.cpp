@@ -15,6 +15,7 @@
 #include "caffe/comet/float_mode.hpp"
 #include "caffe/comet/gemm.hpp"
 #include "caffe/comet/layer_access.hpp"
+#include "caffe/comet/net_callbacks.hpp"
 #include "caffe/comet/store.hpp"
 #include "caffe/layer_factory.hpp"
 #include "caffe/util/io.hpp"
@@ -23,15 +24,72 @@
 namespace caffe {
 
 
-// Forwards one of Net's four per-layer callbacks to the store.
+namespace {
+
+// The private buffer of `layer` that an entry of this action stores (CometStore::PrivateBuffer).
+template <typename Dtype>
+SyncedMemory* PrivateBufferOf(Layer<Dtype>* layer, CometActions::Action action) {
+  switch (action) {
+    case CometActions::ARGMAX: return CometLayerAccess<Dtype>::argmax(layer)->data().get();
+    case CometActions::BINARY: return CometLayerAccess<Dtype>::dropout_mask(layer)->data().get();
+    case CometActions::RECOMPUTE: return CometLayerAccess<Dtype>::lrn_scale(layer)->data().get();
+    case CometActions::REBUILD: return CometLayerAccess<Dtype>::rebuildable(layer)->data().get();
+    case CometActions::KEEP:
+    case CometActions::LOSSY: return CometLayerAccess<Dtype>::bn_x_norm(layer)->data().get();
+    default: LOG(FATAL) << "COMET: " << CometActions::ActionName(action)
+                        << " is not an action of a layer's private buffer";
+  }
+  return NULL;
+}
+
+}  // namespace
+
+// What a train net that outlives its store keeps of it (LeaveNet): the plan's account of the
+// memory each layer's forward writes, so that the markers the store left there (freed, held as
+// signs, compressed) go before the layer writes it, as the store itself drops them. A forward and
+// backward then run as upstream's; a read of values the store did not keep, before a forward
+// writes them again, still fails loudly; compressed values still decode when read.
+template <typename Dtype>
+struct CometStore<Dtype>::Orphan {
+  Net<Dtype>* net;
+  std::vector<std::vector<int> > tops_written;     // layer -> blob ids (plan_.tops_written)
+  std::vector<std::vector<Action> > private_buffers;  // layer -> its stored buffers' actions
+
+  void BeforeForward(int layer) const {
+    const std::vector<int>& ids = tops_written[layer];
+    for (int k = 0; k < ids.size(); ++k) net->blobs()[ids[k]]->data()->comet_payload().reset();
+    for (int k = 0; k < private_buffers[layer].size(); ++k)
+      PrivateBufferOf(net->layers()[layer].get(), private_buffers[layer][k])
+          ->comet_payload().reset();
+    ForgetDiffs(net->bottom_vecs()[layer]);
+    ForgetDiffs(net->top_vecs()[layer]);
+  }
+  void BeforeBackward(int layer) const { ForgetDiffs(net->bottom_vecs()[layer]); }
+  static void ForgetDiffs(const std::vector<Blob<Dtype>*>& blobs) {
+    for (int k = 0; k < blobs.size(); ++k)
+      if (blobs[k]->diff()) blobs[k]->diff()->comet_payload().reset();
+  }
+};
+
+// Forwards one of Net's four per-layer callbacks to the store, or once the store is gone to
+// what the net keeps of it (Orphan).
 template <typename Dtype>
 class CometStore<Dtype>::Hook : public Net<Dtype>::Callback {
  public:
   enum When { BEFORE_FORWARD, AFTER_FORWARD, BEFORE_BACKWARD, AFTER_BACKWARD };
   Hook(CometStore<Dtype>* store, When when) : store_(store), when_(when) {}
+  void Orphaned(const shared_ptr<const Orphan>& orphan) {
+    store_ = NULL;
+    orphan_ = orphan;
+  }
 
  protected:
   virtual void run(int layer) {
+    if (!store_) {
+      if (when_ == BEFORE_FORWARD) orphan_->BeforeForward(layer);
+      if (when_ == BEFORE_BACKWARD) orphan_->BeforeBackward(layer);
+      return;
+    }
     switch (when_) {
       case BEFORE_FORWARD: store_->BeforeForward(layer); break;
       case AFTER_FORWARD: store_->AfterForward(layer); break;
@@ -42,8 +100,38 @@ class CometStore<Dtype>::Hook : public Net<Dtype>::Callback {
 
  private:
   CometStore<Dtype>* store_;
+  shared_ptr<const Orphan> orphan_;
   When when_;
 };
+
+// The store's end, with the net still alive, which may outlive it (pycaffe). The hooks stay with
+// the net (net_callbacks.hpp) and keep it working as plain Caffe (Orphan); the buffers the store
+// freed for their layer to compute again (LRN's scale, BatchNorm's temp_), which a backward
+// without a forward would read as zeros without the store, are marked freed, so such a read
+// fails loudly instead.
+template <typename Dtype>
+void CometStore<Dtype>::LeaveNet() {
+  shared_ptr<Orphan> orphan(new Orphan());
+  orphan->net = net_;
+  orphan->tops_written = plan_.tops_written;
+  orphan->private_buffers.resize(net_->layers().size());
+  for (int layer = 0; layer < plan_.private_of_layer.size(); ++layer) {
+    for (int k = 0; k < plan_.private_of_layer[layer].size(); ++k) {
+      const Entry& e = entries_[plan_.private_of_layer[layer][k]];
+      orphan->private_buffers[layer].push_back(e.action);
+      SyncedMemory* mem = PrivateBuffer(e);
+      if ((e.action == RECOMPUTE || e.action == REBUILD) && !mem->comet_payload() &&
+          mem->head() == SyncedMemory::UNINITIALIZED)
+        CometMarkReleased(mem, "buffer '" + e.blob + "'");
+    }
+  }
+  std::vector<shared_ptr<typename Net<Dtype>::Callback> > callbacks;
+  for (int h = 0; h < hooks_.size(); ++h) {
+    hooks_[h]->Orphaned(orphan);
+    callbacks.push_back(hooks_[h]);
+  }
+  CometNetCallbacks<Dtype>::Outlive(*net_, callbacks);
+}
 
 // See store.hpp. The work runs on the worker (or inline) and writes only the job's results; the
 // step's thread does everything else (Finish), so the net's memory is touched by one thread.
@@ -240,8 +328,9 @@ CometStore<Dtype>::~CometStore() {
     }
   }
   jobs_.clear();
+  LeaveNet();
   // A describer left behind would point into this store (another store's goes too: harmless)
-  CometSetReadContext("outside a COMET training step");
+  CometSetReadContext("outside a COMET training step (its solver is gone)");
   if (param_.memory_pool()) {
     CometHostPoolEnable(false);
     CometGpuPoolEnable(false);
@@ -633,17 +722,7 @@ void CometStore<Dtype>::DropFillMarkers(int layer, bool diff) {
 
 template <typename Dtype>
 SyncedMemory* CometStore<Dtype>::PrivateBuffer(const Entry& e) const {
-  Layer<Dtype>* layer = net_->layers()[e.layer].get();
-  switch (e.action) {
-    case ARGMAX: return CometLayerAccess<Dtype>::argmax(layer)->data().get();
-    case BINARY: return CometLayerAccess<Dtype>::dropout_mask(layer)->data().get();
-    case RECOMPUTE: return CometLayerAccess<Dtype>::lrn_scale(layer)->data().get();
-    case REBUILD: return CometLayerAccess<Dtype>::rebuildable(layer)->data().get();
-    case KEEP:
-    case LOSSY: return CometLayerAccess<Dtype>::bn_x_norm(layer)->data().get();
-    default: LOG(FATAL) << "not a layer-private buffer: " << e.blob;
-  }
-  return NULL;
+  return PrivateBufferOf(net_->layers()[e.layer].get(), e.action);
 }
 
 template <typename Dtype>

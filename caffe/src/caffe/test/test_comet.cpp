@@ -36,6 +36,7 @@
 #include "caffe/comet/error_model.hpp"
 #include "caffe/comet/gemm.hpp"
 #include "caffe/comet/layer_access.hpp"
+#include "caffe/comet/net_callbacks.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/store.hpp"
 #include "caffe/comet/worker.hpp"
@@ -2667,6 +2668,99 @@ TEST_F(CometStoreTest, AReadOfFreedMemoryIsAnErrorNamingBlobAndReader) {
   // the next step overwrites both as usual
   Run(on.get(), 1);
   EXPECT_EQ(on->iter(), 2);
+}
+
+// pycaffe's `net = solver.net; del solver` keeps the train net after its solver and store are
+// gone: it must run on as plain Caffe (it crashed in the store's freed hooks), with the values
+// the store did not keep still refused until a forward writes them again.
+TEST_F(CometStoreTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
+  const std::string net =
+      "name: 'outlives' "
+      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "  dummy_data_param { shape { dim: 4 dim: 3 dim: 13 dim: 13 } shape { dim: 4 } "
+      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "  convolution_param { num_output: 5 kernel_size: 3 engine: CAFFE "
+      "    weight_filler { type: 'gaussian' std: 0.2 } bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' relu_param { engine: CAFFE } } "
+      "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+      "  pooling_param { pool: MAX kernel_size: 3 stride: 2 engine: CAFFE } } "
+      "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' "
+      "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 engine: CAFFE } } "
+      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'norm1' top: 'ip1' "
+      "  inner_product_param { num_output: 16 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'drop1' type: 'Dropout' bottom: 'ip1' top: 'ip1' "
+      "  dropout_param { dropout_ratio: 0.5 } } "
+      "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
+      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
+  const size_t before = CometNetCallbacks<float>::NetsHolding();
+  // A net that goes with its solver leaves nothing behind.
+  SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-3 }")->Step(1);
+  EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
+
+  shared_ptr<Solver<float> > solver = SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-3 }");
+  Run(solver.get(), 2);
+  shared_ptr<caffe::Net<float> > kept = solver->net();
+  solver.reset();
+  EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before + 1);
+
+  // Before a forward: conv1 is still held as relu1's signs, and LRN's scale, freed after its
+  // backward for the store to compute again, is refused rather than read as zeros.
+  std::string what = FatalMessageOf([&]() { kept->blob_by_name("conv1")->cpu_data(); });
+  EXPECT_NE(what.find("blob 'conv1' is held only as the signs of its values"), std::string::npos)
+      << what;
+  what = FatalMessageOf([&]() {
+    CometLayerAccess<float>::lrn_scale(kept->layer_by_name("norm1").get())->cpu_data();
+  });
+  EXPECT_NE(what.find("buffer 'norm1 scale' was freed"), std::string::npos) << what;
+  EXPECT_NE(what.find("its solver is gone"), std::string::npos) << what;
+
+  // The same net made anew, with the trained weights: both are plain Caffe now, bit for bit.
+  NetParameter np;
+  CHECK(google::protobuf::TextFormat::ParseFromString(net, &np));
+  np.mutable_state()->set_phase(TRAIN);
+  caffe::Net<float> plain(np);
+  NetParameter weights;
+  kept->ToProto(&weights, false);
+  plain.CopyTrainedLayersFrom(weights);
+  for (int round = 0; round < 2; ++round) {
+    kept->ClearParamDiffs();  // Backward adds to them (the solver clears them before a step)
+    plain.ClearParamDiffs();
+    Caffe::set_random_seed(77 + round);
+    const float loss_kept = kept->ForwardBackward();
+    Caffe::set_random_seed(77 + round);
+    const float loss_plain = plain.ForwardBackward();
+    EXPECT_EQ(loss_kept, loss_plain) << "round " << round;
+    for (int b = 0; b < plain.blobs().size(); ++b) {
+      const Blob<float>& x = *kept->blobs()[b];
+      const Blob<float>& y = *plain.blobs()[b];
+      EXPECT_EQ(MaxAbsDiff(x.cpu_data(), y.cpu_data(), x.count()), 0.f)
+          << plain.blob_names()[b] << " data, round " << round;
+      EXPECT_EQ(MaxAbsDiff(x.cpu_diff(), y.cpu_diff(), x.count()), 0.f)
+          << plain.blob_names()[b] << " diff, round " << round;
+    }
+    for (int p = 0; p < plain.learnable_params().size(); ++p) {
+      const Blob<float>& x = *kept->learnable_params()[p];
+      const Blob<float>& y = *plain.learnable_params()[p];
+      EXPECT_EQ(MaxAbsDiff(x.cpu_diff(), y.cpu_diff(), x.count()), 0.f)
+          << "param " << p << " diff, round " << round;
+    }
+  }
+  kept.reset();
+  EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
+
+  // COMET off: the resume counter's callback stays with the net just the same.
+  solver = SolverFor(net, "");
+  Run(solver.get(), 1);
+  kept = solver->net();
+  solver.reset();
+  EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before + 1);
+  Caffe::set_random_seed(79);
+  const float loss = kept->ForwardBackward();
+  EXPECT_TRUE(std::isfinite(loss) && loss > 0) << loss;
+  kept.reset();
+  EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
 }
 
 TEST_F(CometStoreTest, CorruptStoredActivationIsDetected) {
