@@ -749,7 +749,6 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
       mem->head() == SyncedMemory::UNINITIALIZED) {
     return;
   }
-  const size_t count = mem->size() / sizeof(int32_t);
   if (e->action == KEEP) {  // counted, not touched
     e->dense_bytes += mem->size();
     e->stored_bytes += mem->size();
@@ -768,6 +767,11 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
   const std::string name = e->blob;
   shared_ptr<Job> job(new Job(Job::ENCODE, e - &entries_[0], mem));
   Layer<Dtype>* l = net_->layers()[e->layer].get();
+  // The buffer's count, not its memory's: a batch reshaped smaller keeps the larger memory, and
+  // the values past the count are stale (no codes of this shape's windows).
+  const size_t count = e->action == ARGMAX ? CometLayerAccess<Dtype>::argmax(l)->count()
+                       : e->action == BINARY ? CometLayerAccess<Dtype>::dropout_mask(l)->count()
+                       : 0;
   if (e->action == LOSSY) {  // BatchNorm's x_norm_
     const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
     float eb = bounds_.ForEntry(*e);

@@ -2763,6 +2763,61 @@ TEST_F(CometStoreTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
   EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
 }
 
+// pycaffe users feed an Input layer and reshape it to each batch. A batch smaller than the last
+// keeps the larger memory (Blob::Reshape), and max pooling's argmax was coded over all of it: the
+// stale values past the count are no offsets of this shape's windows, so the argmax was kept
+// dense, with a warning about a max over NaN. Coded over the buffer's count, every step stores
+// it; training stays bit for bit COMET off's (nothing lossy).
+TEST_F(CometStoreTest, BuffersOfABatchReshapedSmallerAreStillCoded) {
+  const std::string net =
+      "name: 'fed' "
+      "layer { name: 'data' type: 'Input' top: 'data' top: 'label' "
+      "  input_param { shape { dim: 8 dim: 2 dim: 11 dim: 11 } shape { dim: 8 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "  convolution_param { num_output: 4 kernel_size: 3 engine: CAFFE "
+      "    weight_filler { type: 'gaussian' std: 0.2 } bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+      "  pooling_param { pool: MAX kernel_size: 3 stride: 2 engine: CAFFE } } "
+      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'pool1' top: 'ip1' "
+      "  inner_product_param { num_output: 12 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'drop1' type: 'Dropout' bottom: 'ip1' top: 'ip1' "
+      "  dropout_param { dropout_ratio: 0.5 } } "
+      "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
+      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
+  shared_ptr<Solver<float> > off = SolverFor(net, "");
+  shared_ptr<Solver<float> > on = SolverFor(net, "comet { compress_type: 'None' }");
+  const int batches[] = {8, 5, 8, 3};
+  for (int step = 0; step < 4; ++step) {
+    for (int k = 0; k < 2; ++k) {
+      caffe::Net<float>* n = (k == 0 ? off : on)->net().get();
+      Blob<float>* data = n->blob_by_name("data").get();
+      Blob<float>* label = n->blob_by_name("label").get();
+      data->Reshape(batches[step], 2, 11, 11);
+      label->Reshape(std::vector<int>(1, batches[step]));
+      n->Reshape();
+      for (int i = 0; i < data->count(); ++i)
+        data->mutable_cpu_data()[i] = std::sin(0.37f * i + step);
+      for (int i = 0; i < label->count(); ++i) label->mutable_cpu_data()[i] = (i + step) % 3;
+      Caffe::set_random_seed(900 + step);
+      (k == 0 ? off : on)->Step(1);
+    }
+    caffe::Net<float>* n = on->net().get();
+    const shared_ptr<CometPayload>& argmax =
+        CometLayerAccess<float>::argmax(n->layer_by_name("pool1").get())->data()->comet_payload();
+    ASSERT_TRUE(argmax.get() != NULL) << "batch " << batches[step] << ": argmax kept dense";
+    EXPECT_EQ(argmax->kind(), CometPayload::ARGMAX);
+    EXPECT_EQ(argmax->count(), batches[step] * 4 * 4 * 4) << "batch " << batches[step];
+    const shared_ptr<CometPayload>& mask = CometLayerAccess<float>::dropout_mask(
+        n->layer_by_name("drop1").get())->data()->comet_payload();
+    ASSERT_TRUE(mask.get() != NULL) << "batch " << batches[step] << ": Dropout mask kept dense";
+    EXPECT_EQ(mask->count(), batches[step] * 12) << "batch " << batches[step];
+  }
+  const std::vector<float> a = Params(off.get()), b = Params(on.get());
+  ASSERT_EQ(a.size(), b.size());
+  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;
+}
+
 TEST_F(CometStoreTest, CorruptStoredActivationIsDetected) {
   ::testing::FLAGS_gtest_death_test_style = "threadsafe";
   shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
