@@ -113,6 +113,7 @@ class CometReadDescriber {
  public:
   virtual ~CometReadDescriber() {}
   virtual std::string Describe() const = 0;
+  virtual bool InLayer() const { return false; }  // a layer's Forward or Backward reads
 };
 void CometSetReadContext(const CometReadDescriber* describer);
 void CometSetReadContext(const std::string& context);

@@ -656,16 +656,19 @@ std::string CometNum(double v) {
 
 namespace {
 // A read of memory the plan said nobody reads now: `state` says what the memory is, `reads`
-// how the reader came to it, `setting` what avoids it.
+// how the reader came to it, `setting` what avoids it. Only a layer's read is the plan's to
+// foresee; pycaffe's or a tool's, between passes or after the store is gone, is the reader's.
 void FatalUnforeseenRead(const std::string& state, const char* reads, const char* setting) {
+  const std::string what = "COMET: " + state + ", and " + CometReadContext() + " " + reads;
   if (!read_describer) {  // no store runs the net now (its solver is gone, a tool, a test)
-    CometFatal("COMET: " + state + ", and " + CometReadContext() + " " + reads + "; a forward "
-               "pass writes it again");
-    return;
+    CometFatal(what + "; the next forward (backward, for a diff) writes it again");
+  } else if (!read_describer->InLayer()) {
+    CometFatal(what + "; the next forward (backward, for a diff) writes it again, and comet { " +
+               setting);
+  } else {
+    CometFatal(what + ". The plan did not foresee this read: report it with the net "
+               "(docs/comet.md#layer-facts); comet { " + setting);
   }
-  CometFatal("COMET: " + state + ", and " + CometReadContext() + " " + reads + ". The plan did "
-             "not foresee this read: report it with the net (docs/comet.md#layer-facts); "
-             "comet { " + setting);
 }
 }  // namespace
 

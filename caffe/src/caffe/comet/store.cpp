@@ -629,6 +629,12 @@ void CometStore<Dtype>::CheckSharing(int layer, bool diff) {
   }
 }
 
+namespace {
+// The reader of memory between two layers' passes: not a layer, so pycaffe (a net.forward() or
+// net.backward() of its own) or a tool.
+const char kBetweenLayers[] = "outside a layer's forward and backward (pycaffe or a tool)";
+}  // namespace
+
 template <typename Dtype>
 class CometStore<Dtype>::Reader : public CometReadDescriber {
  public:
@@ -647,6 +653,7 @@ class CometStore<Dtype>::Reader : public CometReadDescriber {
     }
     return os.str();
   }
+  virtual bool InLayer() const { return store_->context_layer_ >= 0; }
 
  private:
   const CometStore<Dtype>* store_;
@@ -866,6 +873,7 @@ void CometStore<Dtype>::AfterForward(int layer) {
   if (layer + 1 == net_->layers().size()) FinishAll();
   stats_.NoteTransient(CometTakeTransientPeak());
   Sample();
+  SetContext(-1, kBetweenLayers);
 }
 
 namespace {
@@ -1088,6 +1096,7 @@ void CometStore<Dtype>::AfterBackward(int layer) {
       CometMarkReleased(mem, "diff of blob '" + net_->blob_names()[diffs[k]] + "'");
   }
   Sample();
+  SetContext(-1, kBetweenLayers);
 }
 
 template <typename Dtype>

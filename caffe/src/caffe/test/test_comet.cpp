@@ -2665,6 +2665,15 @@ TEST_F(CometStoreTest, AReadOfFreedMemoryIsAnErrorNamingBlobAndReader) {
   // conv1 is held as relu1's sign mask: its values are not there to read
   EXPECT_DEATH(on->net()->blob_by_name("conv1")->cpu_data(),
                "blob 'conv1' is held only as the signs of its values");
+  // pycaffe's own net.forward() and net.backward(): a read after them is no layer's, and no
+  // read the plan should have foreseen
+  on->net()->Forward();
+  on->net()->Backward();
+  const std::string diff = FatalMessageOf([&]() { ip1->cpu_diff(); });
+  EXPECT_NE(diff.find("diff of blob 'ip1' was freed"), std::string::npos) << diff;
+  EXPECT_NE(diff.find("outside a layer's forward and backward (pycaffe or a tool), after "
+                      "iteration 1"), std::string::npos) << diff;
+  EXPECT_EQ(diff.find("report it"), std::string::npos) << diff;
   // the next step overwrites both as usual
   Run(on.get(), 1);
   EXPECT_EQ(on->iter(), 2);
