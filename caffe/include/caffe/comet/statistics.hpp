@@ -82,6 +82,11 @@ class CometStatistics {
   int last_report_iter_;
   std::string path_;
   std::ofstream csv_;
+  // Sample's memories in the order it visits them, with the kind each counts as, and which
+  // visits count (a memory's first): found again only when a memory changed (a reshape).
+  std::vector<const SyncedMemory*> visit_, last_visit_;
+  std::vector<unsigned char> visit_kind_;
+  std::vector<bool> counts_;
 };
 
 }  // namespace caffe

@@ -115,6 +115,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   std::vector<bool> relu_skipped_;                  // layer -> backward done from the mask
   std::vector<shared_ptr<Hook> > hooks_;
   CometStatistics<Dtype> stats_;
+  std::vector<const SyncedMemory*> sample_buffers_;  // Sample's, kept to spare an allocation
   shared_ptr<Reader> reader_;
   int context_layer_, context_iter_;  // layer -1: outside a step (context_pass_ says where)
   const char* context_pass_;

@@ -1101,10 +1101,10 @@ void CometStore<Dtype>::AfterBackward(int layer) {
 
 template <typename Dtype>
 void CometStore<Dtype>::Sample() {
-  std::vector<const SyncedMemory*> buffers;
+  sample_buffers_.clear();
   for (int e = 0; e < entries_.size(); ++e)
-    if (entries_[e].layer >= 0) buffers.push_back(PrivateBuffer(entries_[e]));
-  stats_.Sample(entries_, buffers);
+    if (entries_[e].layer >= 0) sample_buffers_.push_back(PrivateBuffer(entries_[e]));
+  stats_.Sample(entries_, sample_buffers_);
 }
 
 template <typename Dtype>

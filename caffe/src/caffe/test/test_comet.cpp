@@ -2307,6 +2307,72 @@ TEST_F(CometStoreTest, EncoderBuffersCountInTheTrackedMemory) {
   EXPECT_EQ(stats.memory().peak_total, total + 12345);
 }
 
+// Sample finds which memories are shared (in place, Split) once and again only when one changes;
+// its sums must stay those of counting every memory once, also after a reshape gives blobs new
+// memory.
+TEST(CometStatisticsTest, EachMemoryCountsOnceAlsoAfterAReshape) {
+  NetParameter np;
+  CHECK(google::protobuf::TextFormat::ParseFromString(
+      "name: 'sampled' "
+      "layer { name: 'data' type: 'Input' top: 'data' top: 'label' "
+      "  input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } } "
+      "layer { name: 'aux' type: 'Input' top: 'aux' "
+      "  input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } } "
+      "layer { name: 'silence' type: 'Silence' bottom: 'aux' } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: 'gaussian' } } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'conv1' top: 'ip1' "
+      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip1' bottom: 'label' top: 'loss' } ",
+      &np));
+  np.mutable_state()->set_phase(TRAIN);
+  caffe::Net<float> net(np);
+  CometStatistics<float> stats(&net, CometParameter());
+  const std::vector<CometEntry> no_entries;
+  const std::vector<const SyncedMemory*> no_buffers;
+  // What Sample must find: every dense memory of the blobs (data and diff) and weights, once.
+  const auto expected = [&net](int kind) {
+    std::set<const SyncedMemory*> seen;
+    size_t bytes = 0;
+    const auto add = [&](const SyncedMemory* m) {
+      if (seen.insert(m).second && m->head() != SyncedMemory::UNINITIALIZED) bytes += m->size();
+    };
+    for (int b = 0; b < net.blobs().size(); ++b) {
+      if (kind == CometMemory::ACTIVATIONS) add(net.blobs()[b]->data().get());
+      else seen.insert(net.blobs()[b]->data().get());
+      if (kind == CometMemory::GRADIENTS) add(net.blobs()[b]->diff().get());
+      else seen.insert(net.blobs()[b]->diff().get());
+    }
+    for (int p = 0; p < net.learnable_params().size(); ++p) {
+      if (kind == CometMemory::WEIGHTS) add(net.learnable_params()[p]->data().get());
+      else seen.insert(net.learnable_params()[p]->data().get());
+      if (kind == CometMemory::GRADIENTS) add(net.learnable_params()[p]->diff().get());
+    }
+    return bytes;
+  };
+  const int batches[] = {2, 2, 5, 3, 7};
+  for (int k = 0; k < 5; ++k) {
+    net.blob_by_name("data")->Reshape(batches[k], 3, 8, 8);
+    net.blob_by_name("aux")->Reshape(batches[k], 3, 8, 8);
+    net.blob_by_name("label")->Reshape(std::vector<int>(1, batches[k]));
+    net.Reshape();
+    // from batch 3 on, pycaffe-style sharing: aux holds data's memory (a share Sample must find)
+    if (k >= 3) net.blob_by_name("aux")->ShareData(*net.blob_by_name("data"));
+    net.ForwardBackward();
+    for (int again = 0; again < 2; ++again) {
+      stats.Sample(no_entries, no_buffers);
+      for (int kind = CometMemory::WEIGHTS; kind <= CometMemory::GRADIENTS; ++kind)
+        EXPECT_EQ(stats.memory().current[kind], expected(kind))
+            << CometMemory::name(kind) << ", batch " << batches[k];
+    }
+  }
+  // conv1 and relu1's output are one memory, and aux is data's: the batch-7 activations hold
+  // each once
+  EXPECT_EQ(stats.memory().current[CometMemory::ACTIVATIONS],
+            (7 * 3 * 8 * 8 + 7 + 7 * 4 * 6 * 6 + 7 * 3 + 1) * sizeof(float));
+}
+
 TEST_F(CometStoreTest, ReportsWithRatiosAndWritesStats) {
   shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-2 }");
   Run(on.get(), 3);
