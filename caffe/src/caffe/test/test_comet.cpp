@@ -1680,12 +1680,10 @@ class CometStoreTest : public ::testing::Test {
   // NaN, Inf and huge values through every pooling method, and training into NaN (defined below).
   void CheckNaNThroughPooling();
 
-  // Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
-  // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly. Caffe's
-  // engines, named: a cuDNN build would otherwise make cuDNN's LRN, pooling and ReLU, which keep no
-  // such buffers (the first GPU run found "norm1 scale" missing in the cuDNN build).
-  void CheckLayerBuffers() {
-    const std::string net =
+  // conv, ReLU, max pooling with overlapping windows, LRN across channels, Dropout: a net with
+  // every kind of layer-private buffer the store keeps (Caffe's engines, named).
+  static std::string BuffersNet() {
+    return
         "name: 'buffers' "
         "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
         "  dummy_data_param { shape { dim: 4 dim: 3 dim: 15 dim: 15 } shape { dim: 4 } "
@@ -1705,6 +1703,14 @@ class CometStoreTest : public ::testing::Test {
         "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
         "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
         "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
+  }
+
+  // Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
+  // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly. Caffe's
+  // engines, named: a cuDNN build would otherwise make cuDNN's LRN, pooling and ReLU, which keep no
+  // such buffers (the first GPU run found "norm1 scale" missing in the cuDNN build).
+  void CheckLayerBuffers() {
+    const std::string net = BuffersNet();
     shared_ptr<Solver<float> > solvers[2];
     const char* comet[] = {"", "comet { compress_type: 'None' recompute_lrn: true }"};
     for (int k = 0; k < 2; ++k) {
@@ -2749,26 +2755,7 @@ TEST_F(CometStoreTest, AReadOfFreedMemoryIsAnErrorNamingBlobAndReader) {
 // gone: it must run on as plain Caffe (it crashed in the store's freed hooks), with the values
 // the store did not keep still refused until a forward writes them again.
 TEST_F(CometStoreTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
-  const std::string net =
-      "name: 'outlives' "
-      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "  dummy_data_param { shape { dim: 4 dim: 3 dim: 13 dim: 13 } shape { dim: 4 } "
-      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
-      "  convolution_param { num_output: 5 kernel_size: 3 engine: CAFFE "
-      "    weight_filler { type: 'gaussian' std: 0.2 } bias_filler { type: 'constant' value: 0.1 } } } "
-      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' relu_param { engine: CAFFE } } "
-      "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
-      "  pooling_param { pool: MAX kernel_size: 3 stride: 2 engine: CAFFE } } "
-      "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' "
-      "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 engine: CAFFE } } "
-      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'norm1' top: 'ip1' "
-      "  inner_product_param { num_output: 16 weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'drop1' type: 'Dropout' bottom: 'ip1' top: 'ip1' "
-      "  dropout_param { dropout_ratio: 0.5 } } "
-      "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
-      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
+  const std::string net = BuffersNet();
   const size_t before = CometNetCallbacks<float>::NetsHolding();
   // A net that goes with its solver leaves nothing behind.
   SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-3 }")->Step(1);
