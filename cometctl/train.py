@@ -247,6 +247,17 @@ def _why_it_stopped(parser: LogParser, tail: list[str]) -> str:
     return text
 
 
+def _signal_words(code: int) -> str:
+    """' (killed by SIGBUS: Bus error)' for an exit status of 128+N that names a signal, else ''."""
+    if code <= 128:
+        return ""
+    try:
+        sig = signal.Signals(code - 128)
+    except ValueError:
+        return ""
+    return f" (killed by {sig.name}: {signal.strsignal(sig)})"
+
+
 def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iters: int | None = None,
           run_dir=None, caffe_bin: str | os.PathLike | None = None) -> int:
     """Run one training; returns caffe's exit status (128+N when a signal N ended it; 130 after Ctrl-C)."""
@@ -372,7 +383,7 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
     elif interrupts and logged:
         console.print(f"[yellow]stopped[/] at iteration {reached}; snapshot {escape(logged[-1])}")
     else:
-        console.print(f"[red]caffe exited with status {code}[/]; full log: {log_path}")
+        console.print(f"[red]caffe exited with status {code}[/]{_signal_words(code)}; full log: {log_path}")
     if state is not None and (code != 0 or reached < max_iter):
         console.print("resume with: " + resume_command(solver, state, run, max_iter, not uses_gpu, gpu),
                       markup=False, soft_wrap=True)

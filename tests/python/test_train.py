@@ -121,6 +121,22 @@ def test_caffe_status_and_log_are_kept(tmp_path, wf_pb2, wf_synthetic, capsys, m
         tr.prepare_run(solver, cpu=True, run_dir=tmp_path / "run")
 
 
+def test_a_run_killed_by_a_signal_names_it(tmp_path, wf_pb2, wf_synthetic, capsys):
+    """A bus error (a damaged memory-mapped file) or a segfault ends caffe without a fatal line of its own."""
+    fake = tmp_path / "fake_caffe"
+    fake.write_text(f"#!{sys.executable}\n" + textwrap.dedent("""\
+        import os, signal
+        print("I1130 10:00:00.000000 1 solver.cpp:218] Iteration 0 (0 iter/s), loss = 2.3", flush=True)
+        signal.signal(signal.SIGBUS, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGBUS)
+    """))
+    fake.chmod(0o755)
+    solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m")
+    assert tr.train(solver, cpu=True, run_dir=tmp_path / "run", caffe_bin=fake) == 128 + signal.SIGBUS
+    shown = " ".join(capsys.readouterr().err.split())
+    assert "exited with status 135 (killed by SIGBUS: Bus error)" in shown
+
+
 @WF_NEEDS_BUILD
 def test_short_cpu_run_trains_from_the_lmdb_and_loss_falls(wf_short_run):
     log = (wf_short_run / "caffe.log").read_text()
