@@ -1,10 +1,11 @@
-// COMET-Caffe: LMDBs are read whole or refused (patch 0032, util/lmdb_check.cpp): a data file cut
-// short used to open and kill training with SIGBUS at the first read past its end; a record that
-// does not parse as a Datum used to be read as an empty one.
-#ifdef USE_LMDB
+// COMET-Caffe: damaged inputs are named. LMDBs are read whole or refused (patch 0032,
+// util/lmdb_check.cpp): a data file cut short used to open and kill training with SIGBUS at the
+// first read past its end; a record that does not parse as a Datum used to be read as an empty
+// one. A proto file that cannot be read says which file and what it should hold (patch 0033).
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -18,13 +19,43 @@
 #include "caffe/util/db.hpp"
 #include "caffe/util/format.hpp"
 #include "caffe/util/io.hpp"
+#ifdef USE_LMDB
 #include "caffe/util/lmdb_check.hpp"
+#endif
 
 #include "caffe/test/test_caffe_main.hpp"
 
 namespace caffe {
 
 using boost::scoped_ptr;
+
+// The mean file of a data layer, cut short: upstream said only "Check failed:
+// ReadProtoFromBinaryFile(filename, proto)".
+TEST(DamagedProtoFileTest, ABinaryProtoCutShortIsNamed) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  BlobProto mean;
+  mean.set_num(1);
+  mean.set_channels(3);
+  mean.set_height(16);
+  mean.set_width(16);
+  for (int i = 0; i < 3 * 16 * 16; ++i) mean.add_data(i * 0.5f);
+  std::string bytes;
+  ASSERT_TRUE(mean.SerializeToString(&bytes));
+  std::string path;
+  MakeTempFilename(&path);
+  std::ofstream(path.c_str(), std::ios::binary).write(bytes.data(), bytes.size() / 2);
+  BlobProto read;
+  EXPECT_DEATH(ReadProtoFromBinaryFileOrDie(path, &read),
+               "cannot read .* as caffe.BlobProto \\(truncated, or another kind of file\\)");
+  std::ofstream(path.c_str()) << "num: 1 channels: oops";
+  EXPECT_DEATH(ReadProtoFromTextFileOrDie(path, &read),
+               "cannot read .* as caffe.BlobProto \\(a text-format error above");
+  std::ofstream(path.c_str(), std::ios::binary).write(bytes.data(), bytes.size());
+  ReadProtoFromBinaryFileOrDie(path, &read);  // whole: read as written
+  EXPECT_EQ(read.data_size(), 3 * 16 * 16);
+}
+
+#ifdef USE_LMDB
 
 class LmdbCheckTest : public ::testing::Test {
  protected:
@@ -129,5 +160,6 @@ TEST_F(LmdbCheckTest, TheCheckSaysNothingOfAWholeDatabase) {
   mdb_env_close(env);
 }
 
-}  // namespace caffe
 #endif  // USE_LMDB
+
+}  // namespace caffe
