@@ -104,6 +104,26 @@ def test_the_resume_state_keeps_curand_and_refuses_a_corrupt_line(wf_pb2, wf_syn
     assert out.returncode != 0 and "has a corrupt curand line: curand 7 x" in out.stderr, out.stderr[-2000:]
 
 @WF_NEEDS_BUILD
+def test_a_resume_state_cut_short_is_refused(wf_pb2, wf_synthetic, tmp_path):
+    """A state without its data layer's line (the file cut short) would leave the layer at its first
+    batch while the log said the positions were restored: the resume stops, naming the layer."""
+    part = tmp_path / "part"
+    _train("-solver", str(_solver(wf_pb2, wf_synthetic, part, 5, True)), cwd=tmp_path)
+    state = part / "s_iter_5.resumestate"
+    lines = state.read_text().splitlines()
+    assert any(line.startswith("layer ") for line in lines), lines
+    state.write_text("\n".join(line for line in lines if not line.startswith("layer ")) + "\n")
+    from cometctl.paths import tool_path
+
+    out = subprocess.run([str(tool_path("caffe")), "train", "-solver",
+                          str(_solver(wf_pb2, wf_synthetic, part, TOTAL, True)), "-snapshot",
+                          str(part / "s_iter_5.solverstate")], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode != 0 and "has no position for data layer 'data' (cut short" in out.stderr, \
+        out.stderr[-2000:]
+
+
+@WF_NEEDS_BUILD
 def test_ctrl_c_inside_a_test_phase_resumes_exactly(wf_pb2, wf_synthetic, tmp_path):
     """SIGINT while the test net runs (a long test at iteration 8): caffe stops, snapshots at 8,
     and the resumed run ends with the uninterrupted run's weights."""

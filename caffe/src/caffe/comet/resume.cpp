@@ -106,6 +106,7 @@ void CometResume<Dtype>::Load(const std::string& solverstate_filename) {
   CometCurandPosition gpu = {false, 0, 0};
   bool have_gpu = false;
   std::vector<long long> batches(batches_.size(), 0);
+  std::vector<bool> placed(batches_.size(), false);  // layer -> its line was read
   while (std::getline(in, line)) {
     std::istringstream ls(line);
     std::string key;
@@ -134,9 +135,17 @@ void CometResume<Dtype>::Load(const std::string& solverstate_filename) {
                    "', which this net does not have at that place (another net's state?)");
       }
       batches[index] = count;
+      placed[index] = true;
     } else if (!key.empty()) {
       CometFatal("COMET resume: " + filename + " has an unknown line: " + line);
     }
+  }
+  // Save writes a line for every data layer: one missing (a file cut short) would leave that
+  // layer at its first batch while the log said the positions were restored.
+  for (int i = 0; i < placed.size(); ++i) {
+    if (is_data_[i] && !placed[i])
+      CometFatal("COMET resume: " + filename + " has no position for data layer '" +
+                 net_->layer_names()[i] + "' (cut short, or another net's state?)");
   }
   if (iter != solver_->iter()) {
     std::ostringstream os;
