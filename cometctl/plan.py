@@ -570,7 +570,7 @@ def run_caffe(caffe: Path, solver: Path, log: Path, gpu: int | None = None, cwd:
     cmd = [str(caffe), "train", "-solver", str(solver)]
     if gpu is not None:
         cmd += ["-gpu", str(gpu)]
-    env = caffe_env(GLOG_logtostderr="1", GLOG_minloglevel="0")
+    env = caffe_env(caffe, GLOG_logtostderr="1", GLOG_minloglevel="0")
     figures = Path(str(log) + ".rusage.json")
     figures.unlink(missing_ok=True)
     t0 = time.monotonic()

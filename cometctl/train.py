@@ -134,6 +134,12 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
         param.solver_mode = pb2.SolverParameter.CPU
     if iters is not None:
         param.max_iter = iters
+    if param.display <= 0:
+        # The progress view, the resume line and `cometctl report` read caffe's display lines; without
+        # them a finished run read as one that never started.
+        param.display = max(1, param.max_iter // 100)
+        console.print(f"the solver has no display interval: the run's copy shows every {param.display} "
+                      f"iteration(s)", markup=False)
     copy = run / "solver.prototxt"
     write_text_proto(copy, param)
     return run, copy, uses_gpu
@@ -235,9 +241,15 @@ def _latest_state(run: Path, logged: list[str]) -> Path | None:
     return max(found)[1] if found else None
 
 
+STACK_LINE = re.compile(r"^\s*(@\s+0x|\*\*\*|PC: @|terminate called after throwing)")
+PY_ERROR = re.compile(r"^\w+(\.\w+)*(Error|Exception|Exit): ")
+
+
 def _why_it_stopped(parser: LogParser, tail: list[str]) -> str:
-    """The first fatal line caffe printed, without glog's prefix, else its last line."""
-    lines = parser.fatal or [t for t in tail if t.strip()][-1:]
+    """The first fatal line caffe printed, without glog's prefix; else the last Python error (a Python
+    layer's, e.g. "ModuleNotFoundError: ..."); else its last line that is not part of a stack trace."""
+    said = [t for t in tail if t.strip() and not STACK_LINE.match(t)]
+    lines = parser.fatal or [t for t in said if PY_ERROR.match(t.strip())][-1:] or said[-1:]
     if not lines:
         return "it printed nothing"
     text = lines[0].strip()
@@ -292,7 +304,7 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
     from .caffeproto import caffe_pb2, read_text_proto
 
     max_iter = read_text_proto(solver_copy, caffe_pb2().SolverParameter()).max_iter
-    env = caffe_env(GLOG_logtostderr="1", GLOG_minloglevel="0")  # the view and report need INFO lines
+    env = caffe_env(binary, GLOG_logtostderr="1", GLOG_minloglevel="0")  # the view and report need INFO lines
     earlier = []
     if continuing:
         try:

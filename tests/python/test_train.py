@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -119,6 +120,85 @@ def test_caffe_status_and_log_are_kept(tmp_path, wf_pb2, wf_synthetic, capsys, m
     assert info["cwd"] == str(REPO)
     with pytest.raises(CometError, match="already holds a run"):
         tr.prepare_run(solver, cpu=True, run_dir=tmp_path / "run")
+
+
+def test_a_python_error_is_named_where_caffe_printed_no_fatal_line(tmp_path, wf_pb2, wf_synthetic):
+    """A Python layer whose import fails aborts caffe through boost::python: the error is the Python one,
+    not the last line of the stack trace that follows it."""
+    fake = tmp_path / "fake_caffe"
+    fake.write_text(f"#!{sys.executable}\n" + textwrap.dedent("""\
+        import os
+        print("Traceback (most recent call last):", flush=True)
+        print('  File "/work/layers.py", line 1, in <module>', flush=True)
+        print("ModuleNotFoundError: No module named 'caffe'", flush=True)
+        print("terminate called after throwing an instance of 'boost::python::error_already_set'", flush=True)
+        print("*** Aborted at 1796435510 (unix time) try date -d @1796435510 if you are using GNU date ***",
+              flush=True)
+        print("PC: @                0x0 (unknown)", flush=True)
+        print("    @     0x5625c6034241 _start", flush=True)
+        os.abort()
+    """))
+    fake.chmod(0o755)
+    solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m")
+    with pytest.raises(CometError, match=r"before training started \(exit status 134\): ModuleNotFoundError: "
+                                         r"No module named 'caffe'; full log"):
+        tr.train(solver, cpu=True, run_dir=tmp_path / "run", caffe_bin=fake)
+
+
+def test_python_layers_find_pycaffe_and_numpy_after_the_users_own_path(tmp_path, monkeypatch):
+    from cometctl.childenv import caffe_env
+
+    cmake = tmp_path / "build" / "cpu" / "cmake"
+    (cmake / "tools").mkdir(parents=True)
+    (cmake / "tools" / "caffe").write_text("")
+    pycaffe = tmp_path / "build" / "cpu" / "src" / "python"
+    (pycaffe / "caffe").mkdir(parents=True)
+    (pycaffe / "caffe" / "_caffe.so").write_text("")
+    monkeypatch.setenv("PYTHONPATH", "/my/layers")
+    parts = caffe_env(cmake / "tools" / "caffe")["PYTHONPATH"].split(os.pathsep)
+    import numpy
+    import sysconfig
+
+    assert parts[0] == "/my/layers" and parts[1] == str(pycaffe)
+    assert sysconfig.get_paths()["purelib"] in parts
+    assert any(Path(numpy.__file__).is_relative_to(p) for p in parts[2:])
+
+
+@WF_NEEDS_BUILD
+def test_a_net_with_a_python_layer_trains_and_a_solver_without_display_still_reports(tmp_path, monkeypatch):
+    """`caffe`'s embedded Python imports the user's layer (PYTHONPATH), pycaffe and numpy; a solver without
+    `display` gets one in the run's copy, so the finished run reads as one (it said 'nothing to train')."""
+    (tmp_path / "layers").mkdir()
+    (tmp_path / "layers" / "twice.py").write_text(textwrap.dedent("""\
+        import caffe, numpy as np
+        class Twice(caffe.Layer):
+            def setup(self, bottom, top): pass
+            def reshape(self, bottom, top): top[0].reshape(*bottom[0].data.shape)
+            def forward(self, bottom, top): top[0].data[...] = 2 * np.asarray(bottom[0].data)
+            def backward(self, top, propagate_down, bottom):
+                if propagate_down[0]: bottom[0].diff[...] = 2 * top[0].diff
+    """))
+    (tmp_path / "net.prototxt").write_text(textwrap.dedent("""\
+        layer { name: "data" type: "DummyData" top: "data" top: "label"
+          dummy_data_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 }
+            data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 1 } } }
+        layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+          convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+        layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+        layer { name: "twice" type: "Python" bottom: "conv1" top: "twice" python_param { module: "twice" layer: "Twice" } }
+        layer { name: "ip" type: "InnerProduct" bottom: "twice" top: "ip" inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+    """))
+    (tmp_path / "solver.prototxt").write_text(
+        f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 4\n'
+        "solver_mode: CPU\ncomet { eb_mode: FIXED error_bound: 1e-3 }\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "layers"))
+    r = CliRunner().invoke(main, ["train", "--solver", str(tmp_path / "solver.prototxt"), "--cpu",
+                                  "--run-dir", str(tmp_path / "run")])
+    assert r.exit_code == 0, (r.output, (tmp_path / "run" / "caffe.log").read_text()[-3000:])
+    out = " ".join(r.output.split())
+    assert "no display interval: the run's copy shows every 1 iteration(s)" in out
+    assert "done after iteration 4" in out and "iter 3/4" in out
 
 
 def test_a_run_killed_by_a_signal_names_it(tmp_path, wf_pb2, wf_synthetic, capsys):
