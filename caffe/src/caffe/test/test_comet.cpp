@@ -1768,6 +1768,137 @@ class CometStoreTest : public ::testing::Test {
     EXPECT_EQ(MaxAbsDiff(first.data(), w->cpu_diff(), w->count()), 0.f);
   }
 
+  // pycaffe's `net = solver.net; del solver` keeps the train net after its solver and store are
+  // gone: it must run on as plain Caffe (it crashed in the store's freed hooks), with the values
+  // the store did not keep still refused until a forward writes them again.
+  void CheckTheNetOutlivesItsSolver() {
+    const std::string net = BuffersNet();
+    const size_t before = CometNetCallbacks<float>::NetsHolding();
+    // A net that goes with its solver leaves nothing behind.
+    SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-3 }")->Step(1);
+    EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
+
+    shared_ptr<Solver<float> > solver =
+        SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-3 }");
+    Run(solver.get(), 2);
+    shared_ptr<caffe::Net<float> > kept = solver->net();
+    solver.reset();
+    EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before + 1);
+
+    // Before a forward: conv1 is still held as relu1's signs, and LRN's scale, freed after its
+    // backward for the store to compute again, is refused rather than read as zeros.
+    std::string what = FatalMessageOf([&]() { kept->blob_by_name("conv1")->cpu_data(); });
+    EXPECT_NE(what.find("blob 'conv1' is held only as the signs of its values"), std::string::npos)
+        << what;
+    what = FatalMessageOf([&]() {
+      CometLayerAccess<float>::lrn_scale(kept->layer_by_name("norm1").get())->cpu_data();
+    });
+    EXPECT_NE(what.find("buffer 'norm1 scale' was freed"), std::string::npos) << what;
+    EXPECT_NE(what.find("its solver is gone"), std::string::npos) << what;
+
+    // The same net made anew, with the trained weights: both are plain Caffe now, bit for bit.
+    NetParameter np;
+    CHECK(google::protobuf::TextFormat::ParseFromString(net, &np));
+    np.mutable_state()->set_phase(TRAIN);
+    caffe::Net<float> plain(np);
+    NetParameter weights;
+    kept->ToProto(&weights, false);
+    plain.CopyTrainedLayersFrom(weights);
+    for (int round = 0; round < 2; ++round) {
+      kept->ClearParamDiffs();  // Backward adds to them (the solver clears them before a step)
+      plain.ClearParamDiffs();
+      Caffe::set_random_seed(77 + round);
+      const float loss_kept = kept->ForwardBackward();
+      Caffe::set_random_seed(77 + round);
+      const float loss_plain = plain.ForwardBackward();
+      EXPECT_EQ(loss_kept, loss_plain) << "round " << round;
+      for (int b = 0; b < plain.blobs().size(); ++b) {
+        const Blob<float>& x = *kept->blobs()[b];
+        const Blob<float>& y = *plain.blobs()[b];
+        EXPECT_EQ(MaxAbsDiff(x.cpu_data(), y.cpu_data(), x.count()), 0.f)
+            << plain.blob_names()[b] << " data, round " << round;
+        EXPECT_EQ(MaxAbsDiff(x.cpu_diff(), y.cpu_diff(), x.count()), 0.f)
+            << plain.blob_names()[b] << " diff, round " << round;
+      }
+      for (int p = 0; p < plain.learnable_params().size(); ++p) {
+        const Blob<float>& x = *kept->learnable_params()[p];
+        const Blob<float>& y = *plain.learnable_params()[p];
+        EXPECT_EQ(MaxAbsDiff(x.cpu_diff(), y.cpu_diff(), x.count()), 0.f)
+            << "param " << p << " diff, round " << round;
+      }
+    }
+    kept.reset();
+    EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
+
+    // COMET off: the resume counter's callback stays with the net just the same.
+    solver = SolverFor(net, "");
+    Run(solver.get(), 1);
+    kept = solver->net();
+    solver.reset();
+    EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before + 1);
+    Caffe::set_random_seed(79);
+    const float loss = kept->ForwardBackward();
+    EXPECT_TRUE(std::isfinite(loss) && loss > 0) << loss;
+    kept.reset();
+    EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
+  }
+
+  // pycaffe users feed an Input layer and reshape it to each batch. A batch smaller than the last
+  // keeps the larger memory (Blob::Reshape), and max pooling's argmax was coded over all of it: the
+  // stale values past the count are no offsets of this shape's windows, so the argmax was kept
+  // dense, with a warning about a max over NaN. Coded over the buffer's count, every step stores
+  // it; training stays bit for bit COMET off's (nothing lossy).
+  void CheckBuffersOfABatchReshapedSmaller() {
+    const std::string net =
+        "name: 'fed' "
+        "layer { name: 'data' type: 'Input' top: 'data' top: 'label' "
+        "  input_param { shape { dim: 8 dim: 2 dim: 11 dim: 11 } shape { dim: 8 } } } "
+        "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+        "  convolution_param { num_output: 4 kernel_size: 3 engine: CAFFE "
+        "    weight_filler { type: 'gaussian' std: 0.2 } "
+        "    bias_filler { type: 'constant' value: 0.1 } } } "
+        "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+        "  pooling_param { pool: MAX kernel_size: 3 stride: 2 engine: CAFFE } } "
+        "layer { name: 'ip1' type: 'InnerProduct' bottom: 'pool1' top: 'ip1' "
+        "  inner_product_param { num_output: 12 weight_filler { type: 'gaussian' std: 0.1 } } } "
+        "layer { name: 'drop1' type: 'Dropout' bottom: 'ip1' top: 'ip1' "
+        "  dropout_param { dropout_ratio: 0.5 } } "
+        "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
+        "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
+    shared_ptr<Solver<float> > off = SolverFor(net, "");
+    shared_ptr<Solver<float> > on = SolverFor(net, "comet { compress_type: 'None' }");
+    const int batches[] = {8, 5, 8, 3};
+    for (int step = 0; step < 4; ++step) {
+      for (int k = 0; k < 2; ++k) {
+        caffe::Net<float>* n = (k == 0 ? off : on)->net().get();
+        Blob<float>* data = n->blob_by_name("data").get();
+        Blob<float>* label = n->blob_by_name("label").get();
+        data->Reshape(batches[step], 2, 11, 11);
+        label->Reshape(std::vector<int>(1, batches[step]));
+        n->Reshape();
+        for (int i = 0; i < data->count(); ++i)
+          data->mutable_cpu_data()[i] = std::sin(0.37f * i + step);
+        for (int i = 0; i < label->count(); ++i) label->mutable_cpu_data()[i] = (i + step) % 3;
+        Caffe::set_random_seed(900 + step);
+        (k == 0 ? off : on)->Step(1);
+      }
+      caffe::Net<float>* n = on->net().get();
+      const shared_ptr<CometPayload>& argmax =
+          CometLayerAccess<float>::argmax(n->layer_by_name("pool1").get())->data()->comet_payload();
+      ASSERT_TRUE(argmax.get() != NULL) << "batch " << batches[step] << ": argmax kept dense";
+      EXPECT_EQ(argmax->kind(), CometPayload::ARGMAX);
+      EXPECT_EQ(argmax->count(), batches[step] * 4 * 4 * 4) << "batch " << batches[step];
+      const shared_ptr<CometPayload>& mask = CometLayerAccess<float>::dropout_mask(
+          n->layer_by_name("drop1").get())->data()->comet_payload();
+      ASSERT_TRUE(mask.get() != NULL) << "batch " << batches[step] << ": Dropout mask kept dense";
+      EXPECT_EQ(mask->count(), batches[step] * 12) << "batch " << batches[step];
+    }
+    const std::vector<float> a = Params(off.get()), b = Params(on.get());
+    ASSERT_EQ(a.size(), b.size());
+    for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;
+  }
+
   std::string prefix_;
 
  public:
@@ -2751,133 +2882,11 @@ TEST_F(CometStoreTest, AReadOfFreedMemoryIsAnErrorNamingBlobAndReader) {
   EXPECT_EQ(on->iter(), 2);
 }
 
-// pycaffe's `net = solver.net; del solver` keeps the train net after its solver and store are
-// gone: it must run on as plain Caffe (it crashed in the store's freed hooks), with the values
-// the store did not keep still refused until a forward writes them again.
 TEST_F(CometStoreTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
-  const std::string net = BuffersNet();
-  const size_t before = CometNetCallbacks<float>::NetsHolding();
-  // A net that goes with its solver leaves nothing behind.
-  SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-3 }")->Step(1);
-  EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
-
-  shared_ptr<Solver<float> > solver = SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-3 }");
-  Run(solver.get(), 2);
-  shared_ptr<caffe::Net<float> > kept = solver->net();
-  solver.reset();
-  EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before + 1);
-
-  // Before a forward: conv1 is still held as relu1's signs, and LRN's scale, freed after its
-  // backward for the store to compute again, is refused rather than read as zeros.
-  std::string what = FatalMessageOf([&]() { kept->blob_by_name("conv1")->cpu_data(); });
-  EXPECT_NE(what.find("blob 'conv1' is held only as the signs of its values"), std::string::npos)
-      << what;
-  what = FatalMessageOf([&]() {
-    CometLayerAccess<float>::lrn_scale(kept->layer_by_name("norm1").get())->cpu_data();
-  });
-  EXPECT_NE(what.find("buffer 'norm1 scale' was freed"), std::string::npos) << what;
-  EXPECT_NE(what.find("its solver is gone"), std::string::npos) << what;
-
-  // The same net made anew, with the trained weights: both are plain Caffe now, bit for bit.
-  NetParameter np;
-  CHECK(google::protobuf::TextFormat::ParseFromString(net, &np));
-  np.mutable_state()->set_phase(TRAIN);
-  caffe::Net<float> plain(np);
-  NetParameter weights;
-  kept->ToProto(&weights, false);
-  plain.CopyTrainedLayersFrom(weights);
-  for (int round = 0; round < 2; ++round) {
-    kept->ClearParamDiffs();  // Backward adds to them (the solver clears them before a step)
-    plain.ClearParamDiffs();
-    Caffe::set_random_seed(77 + round);
-    const float loss_kept = kept->ForwardBackward();
-    Caffe::set_random_seed(77 + round);
-    const float loss_plain = plain.ForwardBackward();
-    EXPECT_EQ(loss_kept, loss_plain) << "round " << round;
-    for (int b = 0; b < plain.blobs().size(); ++b) {
-      const Blob<float>& x = *kept->blobs()[b];
-      const Blob<float>& y = *plain.blobs()[b];
-      EXPECT_EQ(MaxAbsDiff(x.cpu_data(), y.cpu_data(), x.count()), 0.f)
-          << plain.blob_names()[b] << " data, round " << round;
-      EXPECT_EQ(MaxAbsDiff(x.cpu_diff(), y.cpu_diff(), x.count()), 0.f)
-          << plain.blob_names()[b] << " diff, round " << round;
-    }
-    for (int p = 0; p < plain.learnable_params().size(); ++p) {
-      const Blob<float>& x = *kept->learnable_params()[p];
-      const Blob<float>& y = *plain.learnable_params()[p];
-      EXPECT_EQ(MaxAbsDiff(x.cpu_diff(), y.cpu_diff(), x.count()), 0.f)
-          << "param " << p << " diff, round " << round;
-    }
-  }
-  kept.reset();
-  EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
-
-  // COMET off: the resume counter's callback stays with the net just the same.
-  solver = SolverFor(net, "");
-  Run(solver.get(), 1);
-  kept = solver->net();
-  solver.reset();
-  EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before + 1);
-  Caffe::set_random_seed(79);
-  const float loss = kept->ForwardBackward();
-  EXPECT_TRUE(std::isfinite(loss) && loss > 0) << loss;
-  kept.reset();
-  EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
+  CheckTheNetOutlivesItsSolver();
 }
-
-// pycaffe users feed an Input layer and reshape it to each batch. A batch smaller than the last
-// keeps the larger memory (Blob::Reshape), and max pooling's argmax was coded over all of it: the
-// stale values past the count are no offsets of this shape's windows, so the argmax was kept
-// dense, with a warning about a max over NaN. Coded over the buffer's count, every step stores
-// it; training stays bit for bit COMET off's (nothing lossy).
 TEST_F(CometStoreTest, BuffersOfABatchReshapedSmallerAreStillCoded) {
-  const std::string net =
-      "name: 'fed' "
-      "layer { name: 'data' type: 'Input' top: 'data' top: 'label' "
-      "  input_param { shape { dim: 8 dim: 2 dim: 11 dim: 11 } shape { dim: 8 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
-      "  convolution_param { num_output: 4 kernel_size: 3 engine: CAFFE "
-      "    weight_filler { type: 'gaussian' std: 0.2 } bias_filler { type: 'constant' value: 0.1 } } } "
-      "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
-      "  pooling_param { pool: MAX kernel_size: 3 stride: 2 engine: CAFFE } } "
-      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'pool1' top: 'ip1' "
-      "  inner_product_param { num_output: 12 weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'drop1' type: 'Dropout' bottom: 'ip1' top: 'ip1' "
-      "  dropout_param { dropout_ratio: 0.5 } } "
-      "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
-      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
-  shared_ptr<Solver<float> > off = SolverFor(net, "");
-  shared_ptr<Solver<float> > on = SolverFor(net, "comet { compress_type: 'None' }");
-  const int batches[] = {8, 5, 8, 3};
-  for (int step = 0; step < 4; ++step) {
-    for (int k = 0; k < 2; ++k) {
-      caffe::Net<float>* n = (k == 0 ? off : on)->net().get();
-      Blob<float>* data = n->blob_by_name("data").get();
-      Blob<float>* label = n->blob_by_name("label").get();
-      data->Reshape(batches[step], 2, 11, 11);
-      label->Reshape(std::vector<int>(1, batches[step]));
-      n->Reshape();
-      for (int i = 0; i < data->count(); ++i)
-        data->mutable_cpu_data()[i] = std::sin(0.37f * i + step);
-      for (int i = 0; i < label->count(); ++i) label->mutable_cpu_data()[i] = (i + step) % 3;
-      Caffe::set_random_seed(900 + step);
-      (k == 0 ? off : on)->Step(1);
-    }
-    caffe::Net<float>* n = on->net().get();
-    const shared_ptr<CometPayload>& argmax =
-        CometLayerAccess<float>::argmax(n->layer_by_name("pool1").get())->data()->comet_payload();
-    ASSERT_TRUE(argmax.get() != NULL) << "batch " << batches[step] << ": argmax kept dense";
-    EXPECT_EQ(argmax->kind(), CometPayload::ARGMAX);
-    EXPECT_EQ(argmax->count(), batches[step] * 4 * 4 * 4) << "batch " << batches[step];
-    const shared_ptr<CometPayload>& mask = CometLayerAccess<float>::dropout_mask(
-        n->layer_by_name("drop1").get())->data()->comet_payload();
-    ASSERT_TRUE(mask.get() != NULL) << "batch " << batches[step] << ": Dropout mask kept dense";
-    EXPECT_EQ(mask->count(), batches[step] * 12) << "batch " << batches[step];
-  }
-  const std::vector<float> a = Params(off.get()), b = Params(on.get());
-  ASSERT_EQ(a.size(), b.size());
-  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;
+  CheckBuffersOfABatchReshapedSmaller();
 }
 
 TEST_F(CometStoreTest, CorruptStoredActivationIsDetected) {
@@ -2936,6 +2945,12 @@ TEST_F(CometGPUTest, DeviceStreamsDecodeOnTheHostBitForBit) {
 }
 
 TEST_F(CometGPUTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
+TEST_F(CometGPUTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
+  CheckTheNetOutlivesItsSolver();
+}
+TEST_F(CometGPUTest, BuffersOfABatchReshapedSmallerAreStillCoded) {
+  CheckBuffersOfABatchReshapedSmaller();
+}
 
 // The position of Caffe's cuRAND generator puts it back: the values drawn after a Seek are those
 // drawn after the Tell, whatever the draws' sizes and kinds (cuRAND's absolute offset against
