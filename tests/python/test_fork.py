@@ -225,3 +225,51 @@ print('outlived ok', losses[0])
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, GLOG_minloglevel="2"))
     assert r.returncode == 0 and "outlived ok" in r.stdout, (r.returncode, r.stderr[-3000:])
+
+
+def test_a_step_that_raises_gives_the_float_mode_back(tmp_path):
+    """A Python layer raising inside solver.step() left the thread flushing denormals to zero (the COMET
+    step's mode, given back only at the end of a step that completes): the user's own numpy code in
+    that thread then turned 1e-39 into 0 until the next good step."""
+    (tmp_path / "flaky.py").write_text(
+        "import caffe\n"
+        "class Flaky(caffe.Layer):\n"
+        "    calls = 0\n"
+        "    def setup(self, bottom, top): pass\n"
+        "    def reshape(self, bottom, top): top[0].reshape(*bottom[0].data.shape)\n"
+        "    def forward(self, bottom, top):\n"
+        "        Flaky.calls += 1\n"
+        "        if Flaky.calls == 2: raise ValueError('flaky forward')\n"
+        "        top[0].data[...] = bottom[0].data\n"
+        "    def backward(self, top, propagate_down, bottom):\n"
+        "        bottom[0].diff[...] = top[0].diff\n")
+    (tmp_path / "net.prototxt").write_text(COMET_NET.replace(
+        'layer { name: "fc2"',
+        'layer { name: "flaky" type: "Python" bottom: "fc1" top: "fc1b" python_param { module: "flaky" '
+        'layer: "Flaky" } }\nlayer { name: "fc2"').replace('bottom: "fc1" top: "fc2"', 'bottom: "fc1b" top: "fc2"'))
+    (tmp_path / "solver.prototxt").write_text(
+        f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 10\n'
+        "solver_mode: CPU\ncomet { eb_mode: FIXED error_bound: 1e-2 }\n")
+    code = f"""
+import sys, numpy as np
+sys.path.insert(0, {str(PYCAFFE)!r}); sys.path.insert(0, {str(tmp_path)!r})
+import caffe
+caffe.set_mode_cpu()
+keeps = lambda: float((np.array([1e-39], dtype=np.float32) * np.float32(1))[0]) != 0
+assert keeps()
+solver = caffe.get_solver({str(tmp_path / 'solver.prototxt')!r})
+solver.step(1)
+assert keeps()
+try:
+    solver.step(1)
+    raise SystemExit('the layer did not raise')
+except ValueError:
+    pass
+print('after the exception, denormals kept:', keeps())
+solver.step(1)
+assert keeps()
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, GLOG_minloglevel="2"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "after the exception, denormals kept: True" in r.stdout, (r.stdout, r.stderr[-2000:])

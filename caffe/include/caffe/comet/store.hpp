@@ -48,6 +48,9 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
 
   void Save(const std::string& filename) const;
   void Load(const std::string& solverstate_filename);
+  // Solver::Step's end, however it ends (CometStepScope): the thread's floating-point mode of
+  // before the step is back, also after an exception inside the step (a Python layer's).
+  void EndStep() { StopFlushing(); }
 
  protected:
   virtual void on_start();
@@ -128,6 +131,20 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   // (float_mode.hpp); the thread's mode before it, given back after.
   bool flushing_;
   unsigned float_mode_;
+};
+
+// Made at the top of Solver::Step (patch 0009) with the solver's store, or NULL.
+template <typename Dtype>
+class CometStepScope {
+ public:
+  explicit CometStepScope(CometStore<Dtype>* store) : store_(store) {}
+  ~CometStepScope() {
+    if (store_) store_->EndStep();
+  }
+
+ private:
+  CometStore<Dtype>* store_;
+  DISABLE_COPY_AND_ASSIGN(CometStepScope);
 };
 
 }  // namespace caffe
