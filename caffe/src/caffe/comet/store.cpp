@@ -1049,8 +1049,13 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
                                                     : bottom->mutable_cpu_diff());
   std::string error;
   if (!CometReluBackward(*mask, top_diff, bottom_diff, slope, &error)) {
-    LOG(FATAL) << "COMET: the sign mask of blob '" << e.blob << "' is corrupt (" << error
-               << "); refusing to use it";
+    // What it wrote from the corrupt mask is no gradient: freed, so that a reader who catches
+    // the error (pycaffe) and reads the diff fails too.
+    CometMarkReleased(bottom->diff().get(), "diff of blob '" + net_->blob_names()[b] +
+                      "', left unfinished by a corrupt sign mask,");
+    CometFatal("COMET: the sign mask of blob '" + e.blob + "' is corrupt (" + error +
+               "), read by " + CometReadContext() + "; refusing to use it");
+    return;
   }
   // Codec time, not a wait: it takes the place of ReLU's own backward, which reads more.
   e.timing->decode_ms += CometMsSince(start);

@@ -2900,6 +2900,27 @@ TEST_F(CometStoreTest, CorruptStoredActivationIsDetected) {
                "layer 'conv2' \\(Convolution\\) backward, iteration 0");
 }
 
+// relu1's gradient comes from conv1's sign mask alone: a corrupt mask stops the backward naming the
+// blob and the reader (in pycaffe a RuntimeError, not an abort), and the diff it was writing is not
+// left to read.
+TEST_F(CometStoreTest, CorruptSignMaskIsDetected) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  on->net()->Forward();
+  shared_ptr<CometPayload>& p = on->net()->blob_by_name("conv1")->data()->comet_payload();
+  ASSERT_TRUE(p.get() != NULL);
+  ASSERT_EQ(p->kind(), CometPayload::MASK);
+  static_cast<uint32_t*>(p->data())[0] ^= 0x10u;  // one sign flipped: the popcount disagrees
+  EXPECT_DEATH(on->net()->Backward(), "the sign mask of blob 'conv1' is corrupt .*read by layer "
+               "'relu1' \\(ReLU\\) backward, iteration 0; refusing to use it");
+  const std::string what = FatalMessageOf([&]() { on->net()->Backward(); });
+  EXPECT_NE(what.find("the sign mask of blob 'conv1' is corrupt"), std::string::npos) << what;
+  const std::string diff =
+      FatalMessageOf([&]() { on->net()->blob_by_name("conv1")->cpu_diff(); });
+  EXPECT_NE(diff.find("diff of blob 'conv1', left unfinished by a corrupt sign mask,"),
+            std::string::npos) << diff;
+}
+
 // The hooks of patch 0030 keep the calling thread's cuRAND position (GPU builds call them).
 TEST(CometCurandTest, ThePositionCountsTheValuesDrawnSinceTheSeed) {
   CometCurandSeeded(42);
