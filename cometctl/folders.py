@@ -88,6 +88,11 @@ def read_layout(path: Path, seed: int = DEFAULT_SEED, val_fraction: float = 0.2)
         val_groups, split = {}, None
     if loose:
         notes.append(f"ignored {len(loose)} image(s) outside a class folder (first: {loose[0]})")
+    others = [n for n in source.other_files() if "/" in n]  # in a folder: a class's, not a README
+    if others:
+        kinds = ", ".join(e.lstrip(".") for e in imagedb.IMAGE_EXTENSIONS)
+        notes.append(f"ignored {len(others)} file(s) in class folders that are not images Caffe reads "
+                     f"({kinds}; first: {others[0]})")
     if len(train_groups) < 2:
         found = f"found {len(train_groups)} class folder{'s' if len(train_groups) != 1 else ''}"
         raise CometError(f"{path}: {found} with images; expected at least two classes, {EXPECTED}")

@@ -69,6 +69,12 @@ REOPEN_EVERY = 2048  # images between two re-openings of the LMDB being written 
 POOL_MIN = 64  # fewer images than this are decoded in the main process (starting a pool costs more)
 
 
+def is_other_file(name: str) -> bool:
+    """A file beside the images: not one by its extension, not hidden, not in a __MACOSX folder."""
+    parts = name.split("/")
+    return not any(p.startswith(".") or p == "__MACOSX" for p in parts) and not is_image_name(name)
+
+
 def is_image_name(name: str) -> bool:
     """An image file by its extension, not hidden ('.x', '._x' of macOS) nor in a __MACOSX folder."""
     parts = name.split("/")
@@ -99,6 +105,11 @@ class Source:
         """The images below `prefix` ("train/"), named without it."""
         return View(self, prefix)
 
+    def other_files(self) -> list[str]:
+        """Files that are not images by their extension (hidden ones and macOS' __MACOSX aside): what a
+        dataset holds beside its images, for a note (a .gif that no Caffe reader decodes)."""
+        return []
+
 
 class View(Source):
     def __init__(self, base: Source, prefix: str):
@@ -114,6 +125,10 @@ class View(Source):
 
     def identity(self) -> dict:
         return {"view": self.prefix, "of": self.base.identity()}
+
+    def other_files(self) -> list[str]:
+        n = len(self.prefix)
+        return [name[n:] for name in self.base.other_files() if name.startswith(self.prefix)]
 
 
 def _file_identity(kind: str, path: Path) -> dict:
@@ -201,6 +216,10 @@ class TarSource(_TarFileSource):
         """Names of the members that are not images (to explain what an archive holds instead)."""
         return [m.name for m in _tar_members(self.path) if m.isfile() and m.name not in self._members]
 
+    def other_files(self) -> list[str]:
+        return sorted(n for n in (m.name[2:] if m.name.startswith("./") else m.name
+                                  for m in _tar_members(self.path) if m.isfile()) if is_other_file(n))
+
 
 class NestedTarSource(_TarFileSource):
     """A tar of per-class tars (ILSVRC-2012's train archive: nXXXXXXXX.tar, one per WordNet ID). An image
@@ -266,13 +285,17 @@ class ZipSource(Source):
         self.where = str(self.path)
         try:
             with zipfile.ZipFile(self.path) as z:
-                self._names = sorted(i.filename for i in z.infolist()
-                                     if not i.is_dir() and is_image_name(i.filename))
+                files = [i.filename for i in z.infolist() if not i.is_dir()]
+                self._names = sorted(f for f in files if is_image_name(f))
+                self._others = sorted(f for f in files if is_other_file(f))
         except (zipfile.BadZipFile, OSError) as e:
             raise CometError(f"{self.path}: not a readable zip archive ({e})") from None
 
     def identity(self) -> dict:
         return _file_identity("zip", self.path)
+
+    def other_files(self) -> list[str]:
+        return list(self._others)
 
     def names(self) -> list[str]:
         return list(self._names)
@@ -289,7 +312,7 @@ class DirSource(Source):
         self.where = str(self.root)
         if not self.root.is_dir():
             raise CometError(f"{self.root}: no such folder")
-        names = []
+        names, others = [], []
         seen = set()
         for top, dirs, files in os.walk(self.root, followlinks=True):
             st = os.stat(top)
@@ -301,7 +324,9 @@ class DirSource(Source):
             rel = os.path.relpath(top, self.root)
             prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
             names += [prefix + f for f in files if is_image_name(f)]
+            others += [prefix + f for f in files if is_other_file(f)]
         self._names = sorted(names)
+        self._others = sorted(others)
 
     def identity(self) -> dict:
         digest = hashlib.sha256("\n".join(self._names).encode()).hexdigest()
@@ -309,6 +334,9 @@ class DirSource(Source):
 
     def names(self) -> list[str]:
         return list(self._names)
+
+    def other_files(self) -> list[str]:
+        return list(self._others)
 
     def job(self, name: str):
         return ("file", str(self.root / name), 0, -1)

@@ -39,6 +39,7 @@ def _tree(root: Path, split: bool = False) -> Path:
     (base / "daisy" / ".DS_Store").write_bytes(b"\0" * 10)
     (base / "daisy" / "._daisy_0.jpeg").write_bytes(b"AppleDouble")  # macOS resource fork, not an image
     (root / "loose.jpeg").write_bytes(wf_encode(wf_picture(99)))
+    (base / "tulip" / "blink.gif").write_bytes(b"GIF89a")  # no Caffe reader decodes it: a note, not data
     return root
 
 
@@ -51,7 +52,10 @@ def test_class_folders_get_a_seeded_stratified_split(tmp_path, wf_pb2, capsys):
     src = _tree(tmp_path / "flowers")
     r = folders.prepare_images(src, tmp_path / "out", size=32, jobs=1, val_fraction=0.25)
     out = tmp_path / "out"
-    assert "ignored 1 image(s) outside a class folder (first: loose.jpeg)" in " ".join(capsys.readouterr().err.split())
+    shown = " ".join(capsys.readouterr().err.split())
+    assert "ignored 1 image(s) outside a class folder (first: loose.jpeg)" in shown
+    assert "ignored 1 file(s) in class folders that are not images Caffe reads (jpg, jpeg, png" in shown
+    assert "first: tulip/blink.gif)" in shown  # .DS_Store and macOS' ._ files are not worth a note
     assert (r.train + r.val, r.classes) == (sum(CLASSES.values()), 3) and not r.skipped
     assert (out / "synset_words.txt").read_text().splitlines() == sorted(CLASSES)
     train, val = _listing(out / "train.txt"), _listing(out / "val.txt")
