@@ -209,16 +209,18 @@ class TarSource(_TarFileSource):
 
     def __init__(self, path: Path):
         super().__init__(path)
-        for name, m in _tar_images(_tar_members(self.path)):
+        members = _tar_members(self.path)  # read once: a large archive's headers span all of it
+        for name, m in _tar_images(members):
             self._members[name] = (m.offset_data, m.size)
+        self._files = [m.name for m in members if m.isfile()]
 
     def other_members(self) -> list[str]:
         """Names of the members that are not images (to explain what an archive holds instead)."""
-        return [m.name for m in _tar_members(self.path) if m.isfile() and m.name not in self._members]
+        return [name for name in self._files if name not in self._members]
 
     def other_files(self) -> list[str]:
-        return sorted(n for n in (m.name[2:] if m.name.startswith("./") else m.name
-                                  for m in _tar_members(self.path) if m.isfile()) if is_other_file(n))
+        return sorted(n for n in (name[2:] if name.startswith("./") else name for name in self._files)
+                      if is_other_file(n))
 
 
 class NestedTarSource(_TarFileSource):

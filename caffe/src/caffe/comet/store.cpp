@@ -42,6 +42,16 @@ SyncedMemory* PrivateBufferOf(Layer<Dtype>* layer, CometActions::Action action) 
   return NULL;
 }
 
+// Drops what the store left on the diffs of `blobs` (a marker of freed memory): the layer about
+// to run writes them, and starts from fresh memory.
+template <typename Dtype>
+void ForgetDiffs(const std::vector<Blob<Dtype>*>& blobs) {
+  for (int k = 0; k < blobs.size(); ++k) {
+    SyncedMemory* diff = blobs[k]->diff().get();
+    if (diff && diff->comet_payload()) diff->comet_payload().reset();
+  }
+}
+
 }  // namespace
 
 // What a train net that outlives its store keeps of it (LeaveNet): the plan's account of the
@@ -65,10 +75,6 @@ struct CometStore<Dtype>::Orphan {
     ForgetDiffs(net->top_vecs()[layer]);
   }
   void BeforeBackward(int layer) const { ForgetDiffs(net->bottom_vecs()[layer]); }
-  static void ForgetDiffs(const std::vector<Blob<Dtype>*>& blobs) {
-    for (int k = 0; k < blobs.size(); ++k)
-      if (blobs[k]->diff()) blobs[k]->diff()->comet_payload().reset();
-  }
 };
 
 // Forwards one of Net's four per-layer callbacks to the store, or once the store is gone to
@@ -700,14 +706,8 @@ void CometStore<Dtype>::BeforeForward(int layer) {
   }
   // Diffs freed after the last step's backward hold nothing a forward may read; a forward that
   // writes one (HingeLoss writes its bottom's diff) starts from fresh memory.
-  for (int side = 0; side < 2; ++side) {
-    const std::vector<Blob<Dtype>*>& blobs =
-        side == 0 ? net_->bottom_vecs()[layer] : net_->top_vecs()[layer];
-    for (int k = 0; k < blobs.size(); ++k) {
-      SyncedMemory* diff = blobs[k]->diff().get();
-      if (diff && diff->comet_payload()) diff->comet_payload().reset();
-    }
-  }
+  ForgetDiffs(net_->bottom_vecs()[layer]);
+  ForgetDiffs(net_->top_vecs()[layer]);
   // A layer that writes all of its own tops: memory of theirs the store freed is not zeroed
   // before it does (upstream zero-fills fresh memory; COMET off allocates it only once).
   for (int k = 0; k < ids.size() && plan_.facts[layer].fills_whole; ++k)
