@@ -21,7 +21,7 @@ from . import cudalibs, deps, patches, paths, upstream
 from .errors import CometError
 from .ui import console, counter, step
 
-TOOLS = ("caffe", "convert_imageset", "compute_image_mean")
+TOOLS = ("caffe", "convert_imageset", "compute_image_mean", "upgrade_net_proto_text", "upgrade_solver_proto_text")
 DEFAULT_CUDA_ARCHS = "75 80 86 89 90"
 
 

@@ -105,16 +105,119 @@ def in_train_phase(layer, pb2) -> bool:
     return not any(meets_train_rule(r, pb2) for r in layer.exclude)
 
 
+# Caffe's four ways of naming the train net (exactly one of them, Solver::InitTrainNet).
+TRAIN_NET_FIELDS = ("net", "net_param", "train_net", "train_net_param")
+
+
+def _given(param, field: str) -> bool:
+    return param.HasField(field) if field.endswith("_param") else bool(getattr(param, field))
+
+
 def read_solver(solver, pb2):
-    """The solver the user named and its net: (solver path, SolverParameter, net path, NetParameter).
-    Only `net:` solvers (what cometctl writes and upstream's models use); a missing net is named."""
-    from .paths import REPO_ROOT, from_root, user_file
+    """The solver the user named and its train net: (solver path, SolverParameter, net path, NetParameter).
+
+    The train net may be named as Caffe allows: `net:` or `train_net:` (a file; relative paths start at
+    the repository root, where caffe runs) or inline (`net_param { }`, `train_net_param { }`: the net
+    path is then the solver's own). A solver with none or more than one of them is refused, as Caffe
+    would refuse it, and a missing file is named."""
+    from .paths import user_file
 
     solver_path = user_file(solver)
     param = read_text_proto(solver_path, pb2.SolverParameter())
-    if not param.net:
-        raise CometError(f"{solver_path}: the solver has no `net:` (train_net/net_param are not supported here)")
-    net_path = from_root(param.net)
-    if not net_path.exists():
-        raise CometError(f"{solver_path}: net {param.net} not found (relative paths start at {REPO_ROOT})")
+    given = [f for f in TRAIN_NET_FIELDS if _given(param, f)]
+    if not given:
+        raise CometError(f"{solver_path}: the solver names no train net (one of `net:`, `net_param {{ }}`, "
+                         f"`train_net:`, `train_net_param {{ }}`)")
+    if len(given) > 1:
+        raise CometError(f"{solver_path}: the solver names its train net more than once ("
+                         f"{', '.join(given)}); Caffe takes exactly one")
+    field = given[0]
+    if field.endswith("_param"):
+        return solver_path, param, solver_path, getattr(param, field)
+    net_path = _net_file(solver_path, getattr(param, field), field)
     return solver_path, param, net_path, read_text_proto(net_path, pb2.NetParameter())
+
+
+def _net_file(solver_path, name: str, field: str):
+    from .paths import REPO_ROOT, from_root
+
+    path = from_root(name)
+    if not path.exists():
+        raise CometError(f"{solver_path}: {field} {name} not found (relative paths start at {REPO_ROOT})")
+    return path
+
+
+def read_test_nets(solver_path, param, pb2) -> list:
+    """The solver's own test nets as (NetParameter, file or None when inline), in Caffe's order
+    (`test_net_param`s first, then `test_net` files); the train net's TEST phase is not among them."""
+    nets = [(n, None) for n in param.test_net_param]
+    for name in param.test_net:
+        path = _net_file(solver_path, name, "test_net")
+        nets.append((read_text_proto(path, pb2.NetParameter()), path))
+    return nets
+
+
+def write_solver_nets(param, pb2, folder, solver_path) -> list:
+    """Give every net of the solver a file of its own in `folder` (a run's copy: the run stays
+    reproducible when the originals change, and inline nets become files) and point `param` at them:
+    `net:` or `net_param` -> train_val.prototxt, `train_net(_param)` -> train_net.prototxt, test nets
+    -> test_net_<i>.prototxt. Returns the NetParameters written, train net first."""
+    import shutil
+    from pathlib import Path
+
+    folder = Path(folder)
+    written = []
+
+    def place(field_file, field_param, target):
+        if param.HasField(field_param):
+            net = pb2.NetParameter()
+            net.CopyFrom(getattr(param, field_param))
+            param.ClearField(field_param)
+            write_text_proto(target, net)
+        else:
+            source = _net_file(solver_path, getattr(param, field_file), field_file)
+            net = read_text_proto(source, pb2.NetParameter())
+            shutil.copyfile(source, target)
+        setattr(param, field_file, str(target))
+        written.append(net)
+
+    if _given(param, "net") or _given(param, "net_param"):
+        place("net", "net_param", folder / "train_val.prototxt")
+    else:
+        place("train_net", "train_net_param", folder / "train_net.prototxt")
+    tests = read_test_nets(solver_path, param, pb2)
+    param.ClearField("test_net_param")
+    del param.test_net[:]
+    for i, (net, source) in enumerate(tests):
+        target = folder / f"test_net_{i}.prototxt"
+        if source is None:
+            write_text_proto(target, net)
+        else:
+            shutil.copyfile(source, target)
+        param.test_net.append(str(target))
+        written.append(net)
+    return written
+
+
+def upgraded_net(net, pb2):
+    """`net` in the current format: a net in Caffe's deprecated V1 format (`layers { type: CONVOLUTION }`,
+    which caffe upgrades as it loads) goes through upstream's own upgrade_net_proto_text, so that what
+    we read of it (layer types, batch sizes) is what caffe will run."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from .paths import tool_path
+
+    if not net.layers:
+        return net
+    tool = tool_path("upgrade_net_proto_text")
+    with tempfile.TemporaryDirectory(prefix="comet-upgrade-") as tmp:
+        old, new = Path(tmp) / "v1.prototxt", Path(tmp) / "upgraded.prototxt"
+        write_text_proto(old, net)
+        r = subprocess.run([str(tool), str(old), str(new)], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0 or not new.exists():
+            lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("E", "F")) and "]" in ln]
+            why = lines[-1].split("] ", 1)[-1] if lines else f"exit status {r.returncode}"
+            raise CometError(f"net '{net.name}' is in Caffe's V1 format and upgrade_net_proto_text failed: {why}")
+        return read_text_proto(new, pb2.NetParameter())

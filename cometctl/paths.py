@@ -115,3 +115,18 @@ def from_root(path: str) -> Path:
     """A path inside a prototxt: relative ones start at the repository root (where caffe runs)."""
     p = Path(path)
     return p if p.is_absolute() else REPO_ROOT / p
+
+
+def prepare_hint(path: str) -> str:
+    """What makes a missing data source or mean file that a prototxt names: the command for our own
+    datasets' folders (data/synthetic, data/dogs, data/imagenet), a general one for any other."""
+    parts = Path(path).parts
+    folder = parts[parts.index("data") + 1] if "data" in parts[:-1] else None
+    if folder == "synthetic":
+        return "run `cometctl prepare-dogs --synthetic`"
+    if folder == "dogs":
+        return "run `cometctl prepare-dogs`"
+    if folder == "imagenet":
+        return "run `cometctl prepare-imagenet` (see `cometctl prepare-imagenet --help`)"
+    return ("create it first (`cometctl prepare-images DIR` makes train and val LMDBs and a mean file "
+            "from one folder per class), or fix the path: relative paths start at the repository root")

@@ -793,7 +793,8 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
     """Measure, fit and predict; returns the plan as a dict (the --json document). `check`: batch sizes
     to run after the fit (N, or (N, ("on",)) for one mode); `verify`: also run each mode at its largest
     batch in `memory`. `progress(text)` is called before each run, with the run's description."""
-    from .caffeproto import caffe_pb2, read_solver
+    from .caffeproto import caffe_pb2, read_solver, upgraded_net
+    from .paths import prepare_hint
 
     if cpu and gpu is not None:
         raise CometError("--cpu and --gpu contradict each other; choose one")
@@ -813,6 +814,7 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
     shapes = parse_input_shapes(input_shapes)
     pb2 = caffe_pb2()
     solver_path, param, net_path, net = read_solver(solver, pb2)
+    net = upgraded_net(net, pb2)
     solver_batch = net_batch(net, pb2)
     if not synthetic:
         missing = missing_sources(net, pb2)
@@ -823,7 +825,7 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
                                  f"with --synthetic-input to measure on DummyData of the same shapes")
             raise CometError(f"{net_path.name}: layer '{layer}' reads its {what} {path}, which does not exist; "
                              f"run plan with --synthetic-input to measure on DummyData of the same shapes, or "
-                             f"prepare the data first (`cometctl prepare-dogs`)")
+                             f"{prepare_hint(path)}")
     uses_gpu = gpu is not None or (not cpu and param.solver_mode == pb2.SolverParameter.GPU)
     device_id = gpu if gpu is not None else (param.device_id if uses_gpu else None)
     if caffe_bin:

@@ -2,7 +2,9 @@
 
 A run folder (default runs/<YYYYmmdd-HHMMSS>-<model>) holds:
   solver.prototxt   the solver as run: snapshot_prefix into this folder, --cpu / --iters applied
-  train_val.prototxt the net as run (a copy, so the run stays reproducible when models/ changes)
+  train_val.prototxt the net as run (a copy, so the run stays reproducible when models/ changes); a
+                    solver with train_net/test_net (files or inline) gets train_net.prototxt and
+                    test_net_<i>.prototxt instead, inline nets written out, all named in the copy
   caffe.log         everything caffe printed
   snapshots/        <model>_iter_N.caffemodel / .solverstate / .cometstate / .resumestate
   run.json          command, start, end, exit status, last iteration, snapshots (and earlier sessions)
@@ -38,7 +40,7 @@ from rich.markup import escape
 from .caffelog import GLOG, LogParser, resume_marker
 from .childenv import caffe_env
 from .errors import CometError
-from .paths import REPO_ROOT, from_root, user_file
+from .paths import REPO_ROOT, from_root, prepare_hint, user_file
 from .ui import console, counting_progress
 
 
@@ -50,17 +52,17 @@ def model_name(solver: Path) -> str:
 
 def _check_data(net, net_path: Path) -> None:
     """Missing data sources or mean files give one clear line before caffe starts."""
-    for layer in net.layer:
+    v1_data = type(net).DESCRIPTOR.fields_by_name["layers"].message_type.enum_values_by_name["DATA"].number
+    for layer in list(net.layer) + list(net.layers):  # layers: the V1 format, which caffe upgrades as it loads
         missing = []
-        if layer.type == "Data" and layer.data_param.source:
+        if layer.type in ("Data", v1_data) and layer.data_param.source:
             missing.append(layer.data_param.source)
         if layer.HasField("transform_param") and layer.transform_param.mean_file:
             missing.append(layer.transform_param.mean_file)
         for m in missing:
             if not from_root(m).exists():
-                hint = ("run `cometctl prepare-dogs --synthetic`" if "synthetic" in m
-                        else "run `cometctl prepare-dogs`")
-                raise CometError(f"{net_path.name}: layer '{layer.name}' needs {m}, which does not exist; {hint}")
+                raise CometError(f"{net_path.name}: layer '{layer.name}' needs {m}, which does not exist; "
+                                 f"{prepare_hint(m)}")
 
 
 STATE = re.compile(r"^(?P<prefix>.+)_iter_(?P<iter>\d+)\.solverstate(?:\.h5)?$")
@@ -92,7 +94,7 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
     anything is written (to find caffe and check the device). With `resume` a snapshot inside
     `run_dir/snapshots`, the run folder is the one that made it: the run goes on there, with the same
     snapshot prefix (so the fork's <prefix>_comet.csv goes on too)."""
-    from .caffeproto import caffe_pb2, read_solver, read_text_proto, write_text_proto
+    from .caffeproto import caffe_pb2, read_solver, read_test_nets, write_solver_nets, write_text_proto
 
     if cpu and gpu is not None:
         raise CometError("--cpu and --gpu contradict each other; choose one")
@@ -100,11 +102,14 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
         raise CometError(f"--iters {iters}: must be at least 1")
     pb2 = caffe_pb2()
     solver_path, param, net_path, net = read_solver(solver, pb2)
+    test_nets = read_test_nets(solver_path, param, pb2)
 
     uses_gpu = gpu is not None or (not cpu and param.solver_mode == pb2.SolverParameter.GPU)
     if before_create:  # the device first: no point preparing data for a run that cannot start
         before_create(uses_gpu, param)
     _check_data(net, net_path)
+    for test_net, test_path in test_nets:
+        _check_data(test_net, test_path or solver_path)
     name = model_name(solver_path)
     continuing = False
     if run_dir is None:
@@ -122,8 +127,7 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
                              f"that run with --snapshot {run / 'snapshots'}/<model>_iter_<N>.solverstate")
     (run / "snapshots").mkdir(parents=True, exist_ok=True)
 
-    shutil.copyfile(net_path, run / "train_val.prototxt")
-    param.net = str(run / "train_val.prototxt")
+    write_solver_nets(param, pb2, run, solver_path)
     prefix = run / "snapshots" / name
     m = STATE.match(Path(resume).name) if continuing else None
     if m:

@@ -224,6 +224,23 @@ def test_a_net_that_does_not_run_reports_caffes_error(tmp_path):
 
 
 @WF_NEEDS_BUILD
+def test_upstreams_consolidated_lenet_solver_plans(tmp_path):
+    """examples/mnist/lenet_consolidated_solver.prototxt names its net inline (net_param) in Caffe's V1
+    format (`layers { type: CONVOLUTION }`): plan was refused ('no `net:`'); it now reads the upgraded
+    net (upstream's upgrade_net_proto_text) and predicts for the solver's batch of 64."""
+    from cometctl.paths import pycaffe_dir
+
+    solver = pycaffe_dir().parent / "examples" / "mnist" / "lenet_consolidated_solver.prototxt"
+    assert "layers {" in solver.read_text()
+    r = _cometctl("plan", "--solver", str(solver), "--cpu", "--synthetic-input", "--input-shape", "data=1x28x28",
+                  "--measure", "4,8", "--iters", "2", "--json", str(tmp_path / "plan.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert doc["solver_batch"] == 64
+    assert {row["blob"] for row in doc["layers"]} >= {"conv1", "pool1", "ip1"}
+
+
+@WF_NEEDS_BUILD
 def test_bad_options_are_one_line(tmp_path):
     for args, says in ((["--memory", "lots"], "not a size"), (["--measure", "16"], "at least two"),
                        (["--verify"], "give --memory too"), (["--cpu", "--gpu", "0"], "contradict")):

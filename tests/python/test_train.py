@@ -58,8 +58,15 @@ def test_bad_requests_are_one_line_errors(tmp_path, wf_pb2, monkeypatch):
     net = (REPO / "models/comet_tiny/train_val.prototxt").read_text().replace("data/synthetic/", str(tmp_path) + "/x/")
     (tmp_path / "n.prototxt").write_text(net)
     solver.write_text(f'net: "{tmp_path}/n.prototxt"\nmax_iter: 1\nbase_lr: 0.1\nlr_policy: "fixed"\n')
-    with pytest.raises(CometError, match="needs .*train_lmdb.*prepare-dogs"):
+    with pytest.raises(CometError, match="needs .*train_lmdb.*prepare-images"):
         tr.prepare_run(solver, cpu=True, run_dir=tmp_path / "b")
+    # our own datasets' folders name the command that makes them
+    from cometctl.paths import prepare_hint
+
+    assert "prepare-dogs --synthetic" in prepare_hint("data/synthetic/train_lmdb")
+    assert "prepare-dogs`" in prepare_hint("/elsewhere/data/dogs/mean.binaryproto")
+    assert "prepare-imagenet" in prepare_hint("data/imagenet/val_lmdb")
+    assert "prepare-images" in prepare_hint("examples/mnist/mnist_train_lmdb")
     with pytest.raises(CometError, match="solverstate"):
         tr.train(solver, snapshot=solver)
     # a GPU solver on a CPU-only build (and, here, no driver either)
@@ -199,6 +206,70 @@ def test_a_net_with_a_python_layer_trains_and_a_solver_without_display_still_rep
     out = " ".join(r.output.split())
     assert "no display interval: the run's copy shows every 1 iteration(s)" in out
     assert "done after iteration 4" in out and "iter 3/4" in out
+
+
+def _solver_naming_nets(pb2, wf_synthetic, folder: Path, how: str) -> Path:
+    """comet_tiny's solver with its nets named the other ways Caffe allows: `inline` (net_param), or
+    `split` (train_net file, then two test nets: one test_net_param inline and one test_net file)."""
+    from cometctl.caffeproto import read_text_proto, write_text_proto
+
+    solver = wf_point_model_at(pb2, REPO / "models" / "comet_tiny", wf_synthetic, folder, test_interval=2,
+                               test_iter=1, display=1, snapshot=0)
+    param = read_text_proto(solver, pb2.SolverParameter())
+    net = read_text_proto(param.net, pb2.NetParameter())
+    param.ClearField("net")
+    if how == "inline":
+        param.net_param.CopyFrom(net)
+    else:
+        param.train_net = str(folder / "train_val.prototxt")
+        param.test_net_param.add().CopyFrom(net)
+        param.test_net.append(str(folder / "train_val.prototxt"))
+        param.test_iter.append(1)
+    write_text_proto(solver, param)
+    return solver
+
+
+@WF_NEEDS_BUILD
+@pytest.mark.parametrize("how", ["inline", "split"])
+def test_solvers_that_name_their_nets_as_caffe_allows_train(tmp_path, wf_pb2, wf_synthetic, how):
+    """net_param, train_net(_param) and test_net(_param) (upstream's lenet_consolidated_solver and the
+    LeNet notebook's solver name nets so) were refused as 'not supported'; the run's folder now keeps each
+    net as a file, the copy of the solver names them, and caffe tests on every test net."""
+    from cometctl.caffeproto import read_text_proto
+
+    solver = _solver_naming_nets(wf_pb2, wf_synthetic, tmp_path / "m", how)
+    original = solver.read_text()
+    run = tmp_path / "run"
+    assert tr.train(solver, cpu=True, iters=4, run_dir=run) == 0, (run / "caffe.log").read_text()[-3000:]
+    assert solver.read_text() == original
+    copy = read_text_proto(run / "solver.prototxt", wf_pb2.SolverParameter())
+    assert not copy.HasField("net_param") and not copy.HasField("train_net_param") and not copy.test_net_param
+    log = (run / "caffe.log").read_text()
+    assert "Optimization Done" in log
+    if how == "inline":
+        assert copy.net == str(run / "train_val.prototxt") and not copy.train_net
+        assert "Testing net (#0)" in log and "Testing net (#1)" not in log
+    else:
+        assert copy.train_net == str(run / "train_net.prototxt") and not copy.net
+        assert list(copy.test_net) == [str(run / "test_net_0.prototxt"), str(run / "test_net_1.prototxt")]
+        assert (run / "test_net_1.prototxt").read_text() == (tmp_path / "m" / "train_val.prototxt").read_text()
+        inline = read_text_proto(run / "test_net_0.prototxt", wf_pb2.NetParameter())
+        assert [layer.name for layer in inline.layer][:2] == ["data", "data"]  # TRAIN's and TEST's
+        assert "Testing net (#1)" in log and "Test net output #0: accuracy" in log
+    assert tr.train(solver, cpu=True, iters=4, run_dir=tmp_path / "run-again") == 0  # the copy is not needed
+
+
+def test_solvers_that_name_no_train_net_or_two_are_refused(tmp_path, wf_pb2):
+    net = REPO / "models/comet_tiny/train_val.prototxt"
+    cases = {"": "names no train net", f'net: "{net}"\ntrain_net: "{net}"': "more than once \\(net, train_net\\)",
+             'train_net: "nowhere/n.prototxt"': "train_net nowhere/n.prototxt not found",
+             f'net: "{net}"\ntest_net: "nowhere/t.prototxt"\ntest_iter: 1': "test_net nowhere/t.prototxt not found"}
+    for i, (text, why) in enumerate(cases.items()):
+        solver = tmp_path / f"s{i}.prototxt"
+        solver.write_text(text + '\nbase_lr: 0.1\nlr_policy: "fixed"\n')
+        with pytest.raises(CometError, match=why):
+            tr.prepare_run(solver, cpu=True, run_dir=tmp_path / f"r{i}")
+        assert not (tmp_path / f"r{i}").exists()
 
 
 def test_a_run_killed_by_a_signal_names_it(tmp_path, wf_pb2, wf_synthetic, capsys):
