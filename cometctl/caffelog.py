@@ -107,6 +107,7 @@ class LogParser:
         self._year_offset = 0
         self.train: dict[int, dict] = {}
         self.test: dict[int, dict] = {}
+        self.test_net = 0  # the test net whose outputs follow ("Testing net (#1)")
         self.comet: list[dict] = []
         self.snapshots: list[str] = []
         self.fatal: list[str] = []
@@ -165,12 +166,18 @@ class LogParser:
         if m:
             self.iteration = int(m[1])
             self.started = True
+        m = TESTING.search(line)
+        if m:
+            self.test_net = int(m[2])
         m = NET_OUTPUT.search(line)
         if m and self.iteration >= 0:
-            table = self.train if m[1].lower() == "train" else self.test
+            test = m[1].lower() == "test"
+            table = self.test if test else self.train
+            # a solver's second and later test nets print the same output names: "accuracy #1"
+            name = f"{m[3]} #{self.test_net}" if test and self.test_net else m[3]
             row = self._row(table, self.iteration)
-            row[m[3]] = float(m[4])
-            events.append(Event(m[1].lower(), self.iteration, {m[3]: float(m[4])}))
+            row[name] = float(m[4])
+            events.append(Event(m[1].lower(), self.iteration, {name: float(m[4])}))
         m = COMET.search(line)
         if m and m[1].strip().lower() != "plan":  # "COMET plan: blob x -> ..." describes, not measures
             values = parse_comet_items(m[2])

@@ -64,6 +64,29 @@ def test_parser_tables_have_parse_log_columns():
     assert {r["layer"] for r in p.comet} == {"conv1", "conv2", "total"}
 
 
+def test_a_solvers_second_test_net_keeps_its_own_columns():
+    """Each test net prints 'Test net output #0: accuracy' (upstream's lenet_consolidated_solver tests on the
+    test set and on the train set): the second overwrote the first, so the train set's accuracy was shown
+    as the test accuracy."""
+    p = LogParser()
+    log = ["I1130 10:00:00.000000  4242 solver.cpp:218] Iteration 0 (0 iter/s), loss = 2.3",
+           "I1130 10:00:00.000000  4242 solver.cpp:237]     Train net output #0: loss = 2.3 (* 1 = 2.3 loss)",
+           "I1130 10:00:01.000000  4242 solver.cpp:330] Iteration 10, Testing net (#0)",
+           "I1130 10:00:01.000000  4242 solver.cpp:397]     Test net output #0: accuracy = 0.4",
+           "I1130 10:00:02.000000  4242 solver.cpp:330] Iteration 10, Testing net (#1)",
+           "I1130 10:00:02.000000  4242 solver.cpp:397]     Test net output #0: accuracy = 0.9",
+           "I1130 10:00:02.000000  4242 solver.cpp:397]     Test net output #1: loss = 0.3 (* 1 = 0.3 loss)",
+           "I1130 10:00:03.000000  4242 solver.cpp:218] Iteration 10 (10 iter/s), loss = 1.1",
+           "I1130 10:00:03.000000  4242 solver.cpp:237]     Train net output #0: loss = 1.1 (* 1 = 1.1 loss)"]
+    events = [e for line in log for e in p.feed(line)]
+    test = p.test_rows()
+    assert len(test) == 1 and test[0]["accuracy"] == 0.4 and test[0]["accuracy #1"] == 0.9
+    assert test[0]["loss #1"] == 0.3 and "loss" not in test[0]
+    assert [r["loss"] for r in p.train_rows()] == [2.3, 1.1]
+    assert [e.values for e in events if e.kind == "test"] == [{"accuracy": 0.4}, {"accuracy #1": 0.9},
+                                                             {"loss #1": 0.3}]
+
+
 def test_comet_lines_are_read_tolerantly():
     assert parse_comet_items("ratio 14.2x, eb 3.1e-03, 4.1 ms") == {"ratio": 14.2, "eb": 3.1e-3, "time_ms": 4.1}
     got = parse_comet_items("ratio 9.8x, 812.0 MB -> 82.9 MB, peak 1.5 GiB; time=500us, zeros 61%")

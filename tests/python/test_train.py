@@ -256,6 +256,8 @@ def test_solvers_that_name_their_nets_as_caffe_allows_train(tmp_path, wf_pb2, wf
         inline = read_text_proto(run / "test_net_0.prototxt", wf_pb2.NetParameter())
         assert [layer.name for layer in inline.layer][:2] == ["data", "data"]  # TRAIN's and TEST's
         assert "Testing net (#1)" in log and "Test net output #0: accuracy" in log
+        tested = parse_file(run / "caffe.log").test_rows()
+        assert tested and {"accuracy", "accuracy #1"} <= set(tested[-1]) and "accuracy #2" not in tested[-1]
     assert tr.train(solver, cpu=True, iters=4, run_dir=tmp_path / "run-again") == 0  # the copy is not needed
 
 
