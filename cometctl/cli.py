@@ -210,10 +210,13 @@ def prepare_images(path, data_dir, size, jobs, seed, val_fraction):
 @click.option("--snapshot", type=click.Path(dir_okay=False), default=None,
               help="Resume from this .solverstate (e.g. the one written when a run was stopped with Ctrl-C). "
                    "With --run-dir the folder it lies in, the run goes on there (same log and statistics).")
+@click.option("--weights", default=None, metavar="FILE[,FILE...]",
+              help="Fine-tune: start from the weights of these .caffemodel files (caffe's -weights; layers "
+                   "are matched by name, others start from their fillers). Not with --snapshot.")
 @click.option("--iters", type=int, default=None, help="Stop after this many iterations (max_iter).")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Where the log, the solver as run and the snapshots go [default: runs/<time>-<model>].")
-def train(solver, gpu, cpu, snapshot, iters, run_dir):
+def train(solver, gpu, cpu, snapshot, weights, iters, run_dir):
     """Run the fork's `caffe train` from the repository root and show a compact view: iteration,
     loss, learning rate, test accuracy and COMET's compression figures. The full log, the adjusted
     solver and the snapshots go to a run folder. A GPU run is refused before it starts when no GPU is
@@ -222,7 +225,7 @@ def train(solver, gpu, cpu, snapshot, iters, run_dir):
     caffe's status."""
     from .train import train as run
 
-    sys.exit(run(solver, gpu=gpu, cpu=cpu, snapshot=snapshot, iters=iters, run_dir=run_dir))
+    sys.exit(run(solver, gpu=gpu, cpu=cpu, snapshot=snapshot, weights=weights, iters=iters, run_dir=run_dir))
 
 
 @main.command()

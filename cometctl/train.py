@@ -274,10 +274,32 @@ def _signal_words(code: int) -> str:
     return f" (killed by {sig.name}: {signal.strsignal(sig)})"
 
 
+def _weight_files(weights: str) -> list[Path]:
+    """--weights a.caffemodel[,b.caffemodel.h5]: each file there and a model, not a solver state."""
+    files = []
+    for name in weights.split(","):
+        if not name.strip():
+            raise CometError(f"--weights {weights}: an empty file name")
+        try:
+            path = user_file(name.strip())
+        except CometError:
+            raise CometError(f"--weights: {name.strip()}: no such file") from None
+        if ".solverstate" in path.name:
+            raise CometError(f"--weights {name.strip()}: a solver state; resume from it with --snapshot "
+                             f"(--weights takes .caffemodel files)")
+        files.append(path)
+    return files
+
+
 def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iters: int | None = None,
-          run_dir=None, caffe_bin: str | os.PathLike | None = None) -> int:
-    """Run one training; returns caffe's exit status (128+N when a signal N ended it; 130 after Ctrl-C)."""
+          run_dir=None, caffe_bin: str | os.PathLike | None = None, weights: str | None = None) -> int:
+    """Run one training; returns caffe's exit status (128+N when a signal N ended it; 130 after Ctrl-C).
+    `weights`: caffe's -weights (comma-separated .caffemodel files to fine-tune from)."""
     resume = None
+    if snapshot and weights:
+        raise CometError("--snapshot resumes a run and --weights starts one from a model's weights; give one "
+                         "of them (caffe refuses both)")
+    weight_files = _weight_files(weights) if weights else []
     if snapshot:
         resume = user_file(snapshot)
         if not str(resume).endswith((".solverstate", ".solverstate.h5")):
@@ -304,6 +326,8 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
         cmd += ["-gpu", str(gpu)]
     if resume:
         cmd += ["-snapshot", str(resume)]
+    if weight_files:
+        cmd += ["-weights", ",".join(str(w) for w in weight_files)]
 
     from .caffeproto import caffe_pb2, read_text_proto
 

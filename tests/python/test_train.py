@@ -306,6 +306,33 @@ def test_short_cpu_run_trains_from_the_lmdb_and_loss_falls(wf_short_run):
     assert json.loads((wf_short_run / "run.json").read_text())["exit_status"] == 0
 
 
+@WF_NEEDS_BUILD
+def test_weights_fine_tune_from_a_caffemodel(wf_short_run, wf_pb2, wf_synthetic, tmp_path):
+    """--weights is caffe's -weights (upstream's finetune_flickr_style starts so): the first loss starts
+    where the trained model left off, not at a fresh net's."""
+    solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m",
+                               display=1, test_initialization=False, snapshot=0)
+    weights = wf_short_run / "snapshots" / "model_iter_30.caffemodel"
+    first = {}
+    for name, extra in (("tuned", ["--weights", str(weights)]), ("fresh", [])):
+        r = CliRunner().invoke(main, ["train", "--solver", str(solver), "--cpu", "--iters", "1",
+                                      "--run-dir", str(tmp_path / name), *extra])
+        assert r.exit_code == 0, (r.output, (tmp_path / name / "caffe.log").read_text()[-3000:])
+        first[name] = parse_file(tmp_path / name / "caffe.log").train_rows()[0]["loss"]
+    assert first["tuned"] < first["fresh"] - 0.1, first
+    info = json.loads((tmp_path / "tuned" / "run.json").read_text())
+    assert info["command"][info["command"].index("-weights") + 1] == str(weights)
+    assert "Finetuning from" in (tmp_path / "tuned" / "caffe.log").read_text()
+    for args, says in ((["--weights", str(weights), "--snapshot", str(weights)], "give one of them"),
+                       (["--weights", str(tmp_path / "none.caffemodel")], "none.caffemodel: no such file"),
+                       (["--weights", f"{weights},"], "an empty file name")):
+        r = CliRunner().invoke(main, ["train", "--solver", str(solver), "--cpu", *args])
+        assert r.exit_code != 0 and says in r.output and "Traceback" not in r.output, (args, r.output)
+    state = next((wf_short_run / "snapshots").glob("*.solverstate"))
+    r = CliRunner().invoke(main, ["train", "--solver", str(solver), "--cpu", "--weights", str(state)])
+    assert r.exit_code != 0 and "resume from it with --snapshot" in r.output
+
+
 def _cometctl() -> str:
     return str(Path(sys.executable).parent / "cometctl")
 
