@@ -114,13 +114,15 @@ def _given(param, field: str) -> bool:
 
 
 def read_solver(solver, pb2):
-    """The solver the user named and its train net: (solver path, SolverParameter, net path, NetParameter).
+    """The solver the user named and its train net: (solver path, SolverParameter, net path, NetParameter,
+    the folder caffe is to run in).
 
-    The train net may be named as Caffe allows: `net:` or `train_net:` (a file; relative paths start at
-    the repository root, where caffe runs) or inline (`net_param { }`, `train_net_param { }`: the net
-    path is then the solver's own). A solver with none or more than one of them is refused, as Caffe
+    The train net may be named as Caffe allows: `net:` or `train_net:` (a file) or inline (`net_param { }`,
+    `train_net_param { }`: the net path is then the solver's own). Relative paths start at the folder
+    that paths.caffe_folder chooses (the current one when the net, or an inline net's data, is found from
+    there; else the repository root). A solver with none or more than one train net is refused, as Caffe
     would refuse it, and a missing file is named."""
-    from .paths import user_file
+    from .paths import caffe_folder, user_file
 
     solver_path = user_file(solver)
     param = read_text_proto(solver_path, pb2.SolverParameter())
@@ -133,31 +135,65 @@ def read_solver(solver, pb2):
                          f"{', '.join(given)}); Caffe takes exactly one")
     field = given[0]
     if field.endswith("_param"):
-        return solver_path, param, solver_path, getattr(param, field)
-    net_path = _net_file(solver_path, getattr(param, field), field)
-    return solver_path, param, net_path, read_text_proto(net_path, pb2.NetParameter())
+        net = getattr(param, field)
+        return solver_path, param, solver_path, net, caffe_folder(data_files(net))
+    base = caffe_folder([getattr(param, field)])
+    net_path = _net_file(solver_path, getattr(param, field), field, base)
+    return solver_path, param, net_path, read_text_proto(net_path, pb2.NetParameter()), base
 
 
-def _net_file(solver_path, name: str, field: str):
+def data_files(net) -> list[str]:
+    """The files a net's layers read as written there: data sources, mean files (V1 layers too)."""
+    names = []
+    for layer in list(net.layer) + list(net.layers):
+        for field in ("data_param", "image_data_param", "hdf5_data_param", "window_data_param"):
+            if layer.HasField(field) and getattr(layer, field).source:
+                names.append(getattr(layer, field).source)
+        if layer.HasField("transform_param") and layer.transform_param.mean_file:
+            names.append(layer.transform_param.mean_file)
+    return names
+
+
+def absolute_data_files(net, base):
+    """`net` (a copy) with the relative paths that data_files lists made absolute from `base`, for runs
+    whose nets are written elsewhere (cometctl plan's work folder)."""
+    from .paths import from_root
+
+    out = type(net)()
+    out.CopyFrom(net)
+    for layer in list(out.layer) + list(out.layers):
+        for field in ("data_param", "image_data_param", "hdf5_data_param", "window_data_param"):
+            if layer.HasField(field) and getattr(layer, field).source:
+                getattr(layer, field).source = str(from_root(getattr(layer, field).source, base))
+        if layer.HasField("transform_param") and layer.transform_param.mean_file:
+            layer.transform_param.mean_file = str(from_root(layer.transform_param.mean_file, base))
+    return out
+
+
+def _net_file(solver_path, name: str, field: str, base):
     from .paths import REPO_ROOT, from_root
 
-    path = from_root(name)
+    path = from_root(name, base)
     if not path.exists():
-        raise CometError(f"{solver_path}: {field} {name} not found (relative paths start at {REPO_ROOT})")
+        from pathlib import Path
+
+        where = sorted({str(Path.cwd().resolve()), str(REPO_ROOT)})
+        raise CometError(f"{solver_path}: {field} {name} not found (relative paths start at "
+                         f"{' or '.join(where)})")
     return path
 
 
-def read_test_nets(solver_path, param, pb2) -> list:
+def read_test_nets(solver_path, param, pb2, base) -> list:
     """The solver's own test nets as (NetParameter, file or None when inline), in Caffe's order
     (`test_net_param`s first, then `test_net` files); the train net's TEST phase is not among them."""
     nets = [(n, None) for n in param.test_net_param]
     for name in param.test_net:
-        path = _net_file(solver_path, name, "test_net")
+        path = _net_file(solver_path, name, "test_net", base)
         nets.append((read_text_proto(path, pb2.NetParameter()), path))
     return nets
 
 
-def write_solver_nets(param, pb2, folder, solver_path) -> list:
+def write_solver_nets(param, pb2, folder, solver_path, base) -> list:
     """Give every net of the solver a file of its own in `folder` (a run's copy: the run stays
     reproducible when the originals change, and inline nets become files) and point `param` at them:
     `net:` or `net_param` -> train_val.prototxt, `train_net(_param)` -> train_net.prototxt, test nets
@@ -175,7 +211,7 @@ def write_solver_nets(param, pb2, folder, solver_path) -> list:
             param.ClearField(field_param)
             write_text_proto(target, net)
         else:
-            source = _net_file(solver_path, getattr(param, field_file), field_file)
+            source = _net_file(solver_path, getattr(param, field_file), field_file, base)
             net = read_text_proto(source, pb2.NetParameter())
             shutil.copyfile(source, target)
         setattr(param, field_file, str(target))
@@ -185,7 +221,7 @@ def write_solver_nets(param, pb2, folder, solver_path) -> list:
         place("net", "net_param", folder / "train_val.prototxt")
     else:
         place("train_net", "train_net_param", folder / "train_net.prototxt")
-    tests = read_test_nets(solver_path, param, pb2)
+    tests = read_test_nets(solver_path, param, pb2, base)
     param.ClearField("test_net_param")
     del param.test_net[:]
     for i, (net, source) in enumerate(tests):

@@ -111,13 +111,31 @@ def user_file(path: str | os.PathLike) -> Path:
     raise CometError(f"{path}: no such file")
 
 
-def from_root(path: str) -> Path:
-    """A path inside a prototxt: relative ones start at the repository root (where caffe runs)."""
+def from_root(path: str, base: Path | None = None) -> Path:
+    """A path inside a prototxt: relative ones start at `base`, the folder caffe runs in (caffe_folder;
+    default the repository root)."""
     p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
+    return p if p.is_absolute() else (base or REPO_ROOT) / p
 
 
-def prepare_hint(path: str) -> str:
+def caffe_folder(names) -> Path:
+    """The folder caffe runs in, so that the relative paths of a solver and its net resolve as their
+    author meant: the current folder when the first relative name of `names` that exists anywhere
+    exists from there (as `caffe train` started there would find it: upstream's examples, a project
+    folder of one's own), else the repository root (where the shipped models' paths start)."""
+    here = Path.cwd().resolve()
+    for name in names:
+        p = Path(name)
+        if not name or p.is_absolute():
+            continue
+        if (here / p).exists():
+            return here
+        if (REPO_ROOT / p).exists():
+            return REPO_ROOT
+    return REPO_ROOT
+
+
+def prepare_hint(path: str, base: Path | None = None) -> str:
     """What makes a missing data source or mean file that a prototxt names: the command for our own
     datasets' folders (data/synthetic, data/dogs, data/imagenet), a general one for any other."""
     parts = Path(path).parts
@@ -129,4 +147,4 @@ def prepare_hint(path: str) -> str:
     if folder == "imagenet":
         return "run `cometctl prepare-imagenet` (see `cometctl prepare-imagenet --help`)"
     return ("create it first (`cometctl prepare-images DIR` makes train and val LMDBs and a mean file "
-            "from one folder per class), or fix the path: relative paths start at the repository root")
+            f"from one folder per class), or fix the path: relative paths start at {base or REPO_ROOT}")

@@ -695,8 +695,9 @@ def _why(text: str) -> str:
 
 def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *, synthetic: bool,
             shapes: dict, iters: int, gpu: int | None, history_copies: int, notes: list[str],
-            timeout: float | None = None) -> Measured:
-    """Run the net at `batch` with COMET on or off and read what the run measured."""
+            timeout: float | None = None, cwd: Path | None = None) -> Measured:
+    """Run the net at `batch` with COMET on or off (caffe in `cwd`, default the repository root) and read
+    what the run measured."""
     from .caffeproto import write_text_proto
 
     mode = "on" if comet else "off"
@@ -709,7 +710,7 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
     if stats.exists():
         stats.unlink()
     write_text_proto(solver_file, run_solver(param, pb2, net_file, prefix, iters, comet, gpu))
-    child = run_caffe(caffe, solver_file, work / f"{name}.log", gpu=gpu, timeout=timeout)
+    child = run_caffe(caffe, solver_file, work / f"{name}.log", gpu=gpu, timeout=timeout, cwd=cwd)
     text = child.log.read_text(errors="replace")
     if child.rc != 0:
         how = f"exit status {child.rc}" if child.rc > 0 else f"killed by {signal.Signals(-child.rc).name}" \
@@ -793,7 +794,7 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
     """Measure, fit and predict; returns the plan as a dict (the --json document). `check`: batch sizes
     to run after the fit (N, or (N, ("on",)) for one mode); `verify`: also run each mode at its largest
     batch in `memory`. `progress(text)` is called before each run, with the run's description."""
-    from .caffeproto import caffe_pb2, read_solver, upgraded_net
+    from .caffeproto import absolute_data_files, caffe_pb2, read_solver, upgraded_net
     from .paths import prepare_hint
 
     if cpu and gpu is not None:
@@ -813,8 +814,8 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
         raise CometError("--verify runs the largest batch that fits in --memory: give --memory too")
     shapes = parse_input_shapes(input_shapes)
     pb2 = caffe_pb2()
-    solver_path, param, net_path, net = read_solver(solver, pb2)
-    net = upgraded_net(net, pb2)
+    solver_path, param, net_path, net, base = read_solver(solver, pb2)
+    net = absolute_data_files(upgraded_net(net, pb2), base)
     solver_batch = net_batch(net, pb2)
     if not synthetic:
         missing = missing_sources(net, pb2)
@@ -825,7 +826,7 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
                                  f"with --synthetic-input to measure on DummyData of the same shapes")
             raise CometError(f"{net_path.name}: layer '{layer}' reads its {what} {path}, which does not exist; "
                              f"run plan with --synthetic-input to measure on DummyData of the same shapes, or "
-                             f"{prepare_hint(path)}")
+                             f"{prepare_hint(path, base)}")
     uses_gpu = gpu is not None or (not cpu and param.solver_mode == pb2.SolverParameter.GPU)
     device_id = gpu if gpu is not None else (param.device_id if uses_gpu else None)
     if caffe_bin:
@@ -853,7 +854,7 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
                 progress(f"batch {batch}, COMET {'on' if comet else 'off'}")
             return measure(caffe, work, pb2, param, net, batch, comet, synthetic=synthetic, shapes=shapes,
                            iters=iters, gpu=device_id if uses_gpu else None, history_copies=history_copies,
-                           notes=notes, timeout=timeout)
+                           notes=notes, timeout=timeout, cwd=base)
 
         for b in measure_batches:
             for comet in (False, True):

@@ -9,8 +9,10 @@ A run folder (default runs/<YYYYmmdd-HHMMSS>-<model>) holds:
   snapshots/        <model>_iter_N.caffemodel / .solverstate / .cometstate / .resumestate
   run.json          command, start, end, exit status, last iteration, snapshots (and earlier sessions)
 
-caffe runs with the repository root as its working directory, so relative paths in solvers and nets
-resolve as they do for `caffe train` started there. Ctrl-C asks caffe to stop; with
+caffe runs where the solver's relative paths resolve (paths.caffe_folder): in the current folder when
+its net (or an inline net's data) is found from there, as for `caffe train` started there (upstream's
+examples from upstream's tree, a project folder); else in the repository root, where the shipped
+models' paths start. Ctrl-C asks caffe to stop; with
 snapshot_after_train (forced on in the copy) caffe then writes a snapshot that `--snapshot` resumes from.
 (caffe's `-sigint_effect snapshot` would snapshot and carry on training, so Ctrl-C would not stop it;
 we use `-sigint_effect stop`, and `-sighup_effect snapshot` for a snapshot without stopping: kill -HUP.)
@@ -50,7 +52,7 @@ def model_name(solver: Path) -> str:
     return solver.parent.name if stem == "solver" else stem
 
 
-def _check_data(net, net_path: Path) -> None:
+def _check_data(net, net_path: Path, base: Path) -> None:
     """Missing data sources or mean files give one clear line before caffe starts."""
     v1_data = type(net).DESCRIPTOR.fields_by_name["layers"].message_type.enum_values_by_name["DATA"].number
     for layer in list(net.layer) + list(net.layers):  # layers: the V1 format, which caffe upgrades as it loads
@@ -60,9 +62,9 @@ def _check_data(net, net_path: Path) -> None:
         if layer.HasField("transform_param") and layer.transform_param.mean_file:
             missing.append(layer.transform_param.mean_file)
         for m in missing:
-            if not from_root(m).exists():
+            if not from_root(m, base).exists():
                 raise CometError(f"{net_path.name}: layer '{layer.name}' needs {m}, which does not exist; "
-                                 f"{prepare_hint(m)}")
+                                 f"{prepare_hint(m, base)}")
 
 
 STATE = re.compile(r"^(?P<prefix>.+)_iter_(?P<iter>\d+)\.solverstate(?:\.h5)?$")
@@ -87,8 +89,9 @@ def continues_run(run: Path, resume: Path | None) -> bool:
 
 def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = None, iters: int | None = None,
                 run_dir: str | os.PathLike | None = None, before_create=None,
-                resume: Path | None = None) -> tuple[Path, Path, bool]:
-    """Create the run folder with the adjusted solver and net; returns (run_dir, solver copy, uses_gpu).
+                resume: Path | None = None) -> tuple[Path, Path, bool, Path]:
+    """Create the run folder with the adjusted solver and net; returns (run_dir, solver copy, uses_gpu,
+    the folder caffe runs in: paths.caffe_folder).
 
     `before_create(uses_gpu, param)` runs once the solver is read and before the data is checked or
     anything is written (to find caffe and check the device). With `resume` a snapshot inside
@@ -101,24 +104,24 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
     if iters is not None and iters < 1:
         raise CometError(f"--iters {iters}: must be at least 1")
     pb2 = caffe_pb2()
-    solver_path, param, net_path, net = read_solver(solver, pb2)
-    test_nets = read_test_nets(solver_path, param, pb2)
+    solver_path, param, net_path, net, base = read_solver(solver, pb2)
+    test_nets = read_test_nets(solver_path, param, pb2, base)
 
     uses_gpu = gpu is not None or (not cpu and param.solver_mode == pb2.SolverParameter.GPU)
     if before_create:  # the device first: no point preparing data for a run that cannot start
         before_create(uses_gpu, param)
-    _check_data(net, net_path)
+    _check_data(net, net_path, base)
     for test_net, test_path in test_nets:
-        _check_data(test_net, test_path or solver_path)
+        _check_data(test_net, test_path or solver_path, base)
     name = model_name(solver_path)
     continuing = False
     if run_dir is None:
-        base = REPO_ROOT / "runs" / f"{datetime.now():%Y%m%d-%H%M%S}-{name}"
-        run = base
+        first = REPO_ROOT / "runs" / f"{datetime.now():%Y%m%d-%H%M%S}-{name}"
+        run = first
         n = 1
         while run.exists():
             n += 1
-            run = base.with_name(f"{base.name}-{n}")
+            run = first.with_name(f"{first.name}-{n}")
     else:
         run = Path(run_dir).resolve()
         continuing = continues_run(run, resume)
@@ -127,7 +130,7 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
                              f"that run with --snapshot {run / 'snapshots'}/<model>_iter_<N>.solverstate")
     (run / "snapshots").mkdir(parents=True, exist_ok=True)
 
-    write_solver_nets(param, pb2, run, solver_path)
+    write_solver_nets(param, pb2, run, solver_path, base)
     prefix = run / "snapshots" / name
     m = STATE.match(Path(resume).name) if continuing else None
     if m:
@@ -146,7 +149,7 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
                       f"iteration(s)", markup=False)
     copy = run / "solver.prototxt"
     write_text_proto(copy, param)
-    return run, copy, uses_gpu
+    return run, copy, uses_gpu, base
 
 
 def _caffe_binary(uses_gpu: bool, gpu: str | None = None, solver_device: int = 0) -> Path:
@@ -316,7 +319,7 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
         else:
             found["binary"] = _caffe_binary(uses_gpu, gpu, device_id)
 
-    run, solver_copy, uses_gpu = prepare_run(solver, cpu=cpu, gpu=gpu, iters=iters, run_dir=run_dir,
+    run, solver_copy, uses_gpu, base = prepare_run(solver, cpu=cpu, gpu=gpu, iters=iters, run_dir=run_dir,
                                              before_create=find_caffe, resume=resume)
     continuing = continues_run(run, resume)
     binary = found["binary"]
@@ -340,7 +343,7 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
             earlier = old.pop("earlier_sessions", []) + [old]
         except (OSError, ValueError):
             pass
-    info = {"command": cmd, "cwd": str(REPO_ROOT), "solver": str(user_file(solver)),
+    info = {"command": cmd, "cwd": str(base), "solver": str(user_file(solver)),
             "started": datetime.now().isoformat(timespec="seconds"), "mode": "GPU" if uses_gpu else "CPU"}
     if resume:
         info["resumed_from"] = str(resume)
@@ -353,7 +356,7 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
     parser, view = LogParser(), _View(max_iter)
     interrupts = 0
     tail: list[str] = []
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=base, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, errors="replace", start_new_session=True)
 
     def forward(signum, _frame):

@@ -29,21 +29,21 @@ def test_run_folder_holds_an_adjusted_copy_and_leaves_the_original_alone(tmp_pat
 
     solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m")
     original = solver.read_text()
-    run, copy, gpu = tr.prepare_run(solver, cpu=True, iters=7, run_dir=tmp_path / "run")
+    run, copy, gpu, _ = tr.prepare_run(solver, cpu=True, iters=7, run_dir=tmp_path / "run")
     assert solver.read_text() == original and not gpu
     p = read_text_proto(copy, wf_pb2.SolverParameter())
     assert p.max_iter == 7 and p.solver_mode == wf_pb2.SolverParameter.CPU and p.snapshot_after_train
     assert p.snapshot_prefix == str(tmp_path / "run" / "snapshots" / "m")
     assert p.net == str(tmp_path / "run" / "train_val.prototxt")
     assert (tmp_path / "run" / "train_val.prototxt").read_text() == (tmp_path / "m" / "train_val.prototxt").read_text()
-    _, _, gpu = tr.prepare_run(solver, gpu="0", run_dir=tmp_path / "run2")
+    _, _, gpu, _ = tr.prepare_run(solver, gpu="0", run_dir=tmp_path / "run2")
     assert gpu
 
 
 def test_default_run_folder_name(wf_pb2, wf_synthetic, tmp_path, monkeypatch):
     solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "comet_tiny")
     monkeypatch.setattr(tr, "REPO_ROOT", tmp_path)
-    run, _, _ = tr.prepare_run(solver, cpu=True)
+    run, _, _, _ = tr.prepare_run(solver, cpu=True)
     assert run.parent == tmp_path / "runs" and run.name.endswith("-comet_tiny")
     assert tr.model_name(Path("x/my_solver.prototxt")) == "my_solver"
 
@@ -261,6 +261,36 @@ def test_solvers_that_name_their_nets_as_caffe_allows_train(tmp_path, wf_pb2, wf
     assert tr.train(solver, cpu=True, iters=4, run_dir=tmp_path / "run-again") == 0  # the copy is not needed
 
 
+@WF_NEEDS_BUILD
+def test_a_project_folders_relative_paths_resolve_as_caffe_train_started_there(tmp_path, wf_synthetic,
+                                                                              monkeypatch):
+    """A solver in one's own folder names `net: "net.prototxt"` and `data/train_lmdb`, as for `caffe train`
+    started there (upstream's examples are written so for upstream's tree): train and plan looked for them
+    under the repository root only ('net.prototxt not found'). caffe now runs in the current folder when
+    the solver's net is found from there."""
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    for name in ("train_lmdb", "val_lmdb", "mean.binaryproto"):
+        (proj / "data" / name).symlink_to(wf_synthetic / name)
+    net = (REPO / "models/comet_tiny/train_val.prototxt").read_text().replace("data/synthetic/", "data/")
+    (proj / "net.prototxt").write_text(net)
+    solver = (REPO / "models/comet_tiny/solver.prototxt").read_text().replace(
+        '"models/comet_tiny/train_val.prototxt"', '"net.prototxt"').replace("test_interval: 100", "test_interval: 1000")
+    (proj / "solver.prototxt").write_text(solver)
+    monkeypatch.chdir(proj)
+    run = tmp_path / "run"
+    assert tr.train("solver.prototxt", cpu=True, iters=2, run_dir=run) == 0, (run / "caffe.log").read_text()[-3000:]
+    assert json.loads((run / "run.json").read_text())["cwd"] == str(proj)
+    assert "Opened lmdb data/train_lmdb" in (run / "caffe.log").read_text()
+    r = subprocess.run([_cometctl(), "plan", "--solver", "solver.prototxt", "--cpu", "--measure", "4,8",
+                        "--iters", "1"], capture_output=True, text=True, cwd=proj, timeout=600)
+    assert r.returncode == 0 and "predicted peak at the solver's batch" in r.stdout, r.stdout + r.stderr
+    # from elsewhere, the same solver's net is not found, and the message says where it looked
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CometError, match=rf"net net.prototxt not found \(relative paths start at .*{tmp_path.name}"):
+        tr.prepare_run(proj / "solver.prototxt", cpu=True, run_dir=tmp_path / "elsewhere")
+
+
 def test_solvers_that_name_no_train_net_or_two_are_refused(tmp_path, wf_pb2):
     net = REPO / "models/comet_tiny/train_val.prototxt"
     cases = {"": "names no train net", f'net: "{net}"\ntrain_net: "{net}"': "more than once \\(net, train_net\\)",
@@ -418,7 +448,7 @@ def test_ctrl_c_exits_130_names_the_snapshot_and_its_resume_line_goes_on_in_the_
 
 def test_a_run_folder_that_holds_a_run_takes_only_its_own_snapshots(tmp_path, wf_pb2, wf_synthetic):
     solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m")
-    run, _, _ = tr.prepare_run(solver, cpu=True, iters=7, run_dir=tmp_path / "run")
+    run, _, _, _ = tr.prepare_run(solver, cpu=True, iters=7, run_dir=tmp_path / "run")
     (run / "caffe.log").write_text("")
     state = run / "snapshots" / "m_iter_3.solverstate"
     state.write_bytes(b"")
@@ -429,7 +459,7 @@ def test_a_run_folder_that_holds_a_run_takes_only_its_own_snapshots(tmp_path, wf
         tr.prepare_run(solver, cpu=True, iters=9, run_dir=run)
     with pytest.raises(CometError, match="already holds a run"):
         tr.prepare_run(solver, cpu=True, iters=9, run_dir=run, resume=foreign)
-    _, copy, _ = tr.prepare_run(solver, cpu=True, iters=9, run_dir=run, resume=state)
+    _, copy, _, _ = tr.prepare_run(solver, cpu=True, iters=9, run_dir=run, resume=state)
     from cometctl.caffeproto import read_text_proto
 
     p = read_text_proto(copy, wf_pb2.SolverParameter())

@@ -133,6 +133,12 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   unsigned float_mode_;
 };
 
+// A comet { } block that solvers whose parameter has none take on, in Solver::Init (patch 0009)
+// before the train net is built. None unless a test runner sets one: scripts/test runs upstream's
+// own solver tests once more with the store on this way (COMET_EVERY_SOLVER, test_comet.cpp).
+void CometSetBlockForSolversWithout(const CometParameter& block);
+void CometGiveBlockIfWithout(SolverParameter* param);
+
 // Made at the top of Solver::Step (patch 0009) with the solver's store, or NULL.
 template <typename Dtype>
 class CometStepScope {

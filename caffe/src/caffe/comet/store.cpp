@@ -204,6 +204,23 @@ float LargestFactor(const Dtype* a, int n) {
 
 }  // namespace
 
+namespace {
+// Set once by a test runner before any solver is made; read in Solver::Init.
+shared_ptr<CometParameter>& BlockForSolversWithout() {
+  static shared_ptr<CometParameter> block;
+  return block;
+}
+}  // namespace
+
+void CometSetBlockForSolversWithout(const CometParameter& block) {
+  BlockForSolversWithout().reset(new CometParameter(block));
+}
+
+void CometGiveBlockIfWithout(SolverParameter* param) {
+  const shared_ptr<CometParameter>& block = BlockForSolversWithout();
+  if (block && !param->has_comet()) param->mutable_comet()->CopyFrom(*block);
+}
+
 template <typename Dtype>
 shared_ptr<CometStore<Dtype> > CometStore<Dtype>::Attach(Solver<Dtype>* solver) {
   const SolverParameter& sp = solver->param();
