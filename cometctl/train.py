@@ -106,6 +106,15 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
     pb2 = caffe_pb2()
     solver_path, param, net_path, net, base = read_solver(solver, pb2)
     test_nets = read_test_nets(solver_path, param, pb2, base)
+    at = snapshot_iteration(resume) if resume else None
+    if at is not None and (iters if iters is not None else param.max_iter) <= at:
+        # caffe would train nothing and write the same snapshot again
+        if iters is not None:
+            raise CometError(f"--iters {iters} is not beyond the snapshot's iteration {at}: nothing to train "
+                             f"(--iters counts from the start of the run, as max_iter does: --iters {at + iters} "
+                             f"trains {iters} more)")
+        raise CometError(f"the solver's max_iter {param.max_iter} is not beyond the snapshot's iteration {at}: "
+                         f"nothing to train; give --iters N with N > {at}")
 
     uses_gpu = gpu is not None or (not cpu and param.solver_mode == pb2.SolverParameter.GPU)
     if before_create:  # the device first: no point preparing data for a run that cannot start

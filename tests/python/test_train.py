@@ -291,6 +291,23 @@ def test_a_project_folders_relative_paths_resolve_as_caffe_train_started_there(t
         tr.prepare_run(proj / "solver.prototxt", cpu=True, run_dir=tmp_path / "elsewhere")
 
 
+def test_resuming_with_no_iterations_left_is_refused_before_anything_runs(tmp_path, wf_pb2, wf_synthetic):
+    """--iters counts from the start of the run (caffe's max_iter): resuming at 20 with --iters 10 trained
+    nothing, wrote the snapshot of iteration 20 again and said 'done'."""
+    solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m", max_iter=15)
+    state = tmp_path / "old" / "m_iter_20.solverstate"
+    state.parent.mkdir()
+    state.write_bytes(b"")
+    with pytest.raises(CometError, match=r"--iters 10 is not beyond the snapshot's iteration 20.*--iters 30 "
+                                         r"trains 10 more"):
+        tr.prepare_run(solver, cpu=True, iters=10, run_dir=tmp_path / "a", resume=state)
+    with pytest.raises(CometError, match=r"max_iter 15 is not beyond the snapshot's iteration 20.*N > 20"):
+        tr.prepare_run(solver, cpu=True, run_dir=tmp_path / "b", resume=state)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    run, copy, _, _ = tr.prepare_run(solver, cpu=True, iters=21, run_dir=tmp_path / "c", resume=state)
+    assert "max_iter: 21" in copy.read_text()
+
+
 def test_solvers_that_name_no_train_net_or_two_are_refused(tmp_path, wf_pb2):
     net = REPO / "models/comet_tiny/train_val.prototxt"
     cases = {"": "names no train net", f'net: "{net}"\ntrain_net: "{net}"': "more than once \\(net, train_net\\)",
