@@ -136,21 +136,25 @@ def read_solver(solver, pb2):
     field = given[0]
     if field.endswith("_param"):
         net = getattr(param, field)
-        return solver_path, param, solver_path, net, caffe_folder(data_files(net))
+        return solver_path, param, solver_path, net, caffe_folder([f for _, f in data_files(net)])
     base = caffe_folder([getattr(param, field)])
     net_path = _net_file(solver_path, getattr(param, field), field, base)
     return solver_path, param, net_path, read_text_proto(net_path, pb2.NetParameter()), base
 
 
-def data_files(net) -> list[str]:
-    """The files a net's layers read as written there: data sources, mean files (V1 layers too)."""
+DATA_SOURCE_PARAMS = ("data_param", "image_data_param", "hdf5_data_param", "window_data_param")
+
+
+def data_files(net) -> list[tuple[str, str]]:
+    """(layer name, file) for each file a net's layers read, as written there: the sources of Data,
+    ImageData, HDF5Data and WindowData layers and mean files (V1 layers too)."""
     names = []
     for layer in list(net.layer) + list(net.layers):
-        for field in ("data_param", "image_data_param", "hdf5_data_param", "window_data_param"):
+        for field in DATA_SOURCE_PARAMS:
             if layer.HasField(field) and getattr(layer, field).source:
-                names.append(getattr(layer, field).source)
+                names.append((layer.name, getattr(layer, field).source))
         if layer.HasField("transform_param") and layer.transform_param.mean_file:
-            names.append(layer.transform_param.mean_file)
+            names.append((layer.name, layer.transform_param.mean_file))
     return names
 
 
@@ -162,7 +166,7 @@ def absolute_data_files(net, base):
     out = type(net)()
     out.CopyFrom(net)
     for layer in list(out.layer) + list(out.layers):
-        for field in ("data_param", "image_data_param", "hdf5_data_param", "window_data_param"):
+        for field in DATA_SOURCE_PARAMS:
             if layer.HasField(field) and getattr(layer, field).source:
                 getattr(layer, field).source = str(from_root(getattr(layer, field).source, base))
         if layer.HasField("transform_param") and layer.transform_param.mean_file:

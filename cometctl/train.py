@@ -54,17 +54,12 @@ def model_name(solver: Path) -> str:
 
 def _check_data(net, net_path: Path, base: Path) -> None:
     """Missing data sources or mean files give one clear line before caffe starts."""
-    v1_data = type(net).DESCRIPTOR.fields_by_name["layers"].message_type.enum_values_by_name["DATA"].number
-    for layer in list(net.layer) + list(net.layers):  # layers: the V1 format, which caffe upgrades as it loads
-        missing = []
-        if layer.type in ("Data", v1_data) and layer.data_param.source:
-            missing.append(layer.data_param.source)
-        if layer.HasField("transform_param") and layer.transform_param.mean_file:
-            missing.append(layer.transform_param.mean_file)
-        for m in missing:
-            if not from_root(m, base).exists():
-                raise CometError(f"{net_path.name}: layer '{layer.name}' needs {m}, which does not exist; "
-                                 f"{prepare_hint(m, base)}")
+    from .caffeproto import data_files
+
+    for layer, name in data_files(net):
+        if not from_root(name, base).exists():
+            raise CometError(f"{net_path.name}: layer '{layer}' needs {name}, which does not exist; "
+                             f"{prepare_hint(name, base)}")
 
 
 STATE = re.compile(r"^(?P<prefix>.+)_iter_(?P<iter>\d+)\.solverstate(?:\.h5)?$")

@@ -60,6 +60,13 @@ def test_bad_requests_are_one_line_errors(tmp_path, wf_pb2, monkeypatch):
     solver.write_text(f'net: "{tmp_path}/n.prototxt"\nmax_iter: 1\nbase_lr: 0.1\nlr_policy: "fixed"\n')
     with pytest.raises(CometError, match="needs .*train_lmdb.*prepare-images"):
         tr.prepare_run(solver, cpu=True, run_dir=tmp_path / "b")
+    # every data layer's source is checked, not only Data's (an ImageData list here)
+    (tmp_path / "img.prototxt").write_text(
+        'layer { name: "images" type: "ImageData" top: "data" top: "label" '
+        'image_data_param { source: "lists/none.txt" batch_size: 2 } }\n')
+    (tmp_path / "img_solver.prototxt").write_text(f'net: "{tmp_path}/img.prototxt"\nmax_iter: 1\nbase_lr: 0.1\n')
+    with pytest.raises(CometError, match="layer 'images' needs lists/none.txt, which does not exist"):
+        tr.prepare_run(tmp_path / "img_solver.prototxt", cpu=True, run_dir=tmp_path / "c")
     # our own datasets' folders name the command that makes them
     from cometctl.paths import prepare_hint
 
