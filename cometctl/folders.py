@@ -20,7 +20,7 @@ from pathlib import Path
 from . import imagedb
 from .errors import CometError
 from .paths import REPO_ROOT
-from .ui import step
+from .ui import console, step
 
 DEFAULT_SEED = 1701
 VAL_FOLDERS = ("val", "valid", "validation")
@@ -126,5 +126,18 @@ def prepare_images(path: Path, data_dir: Path | None = None, size: int = 256, jo
     t0 = time.perf_counter()
     imagedb.check_size(size)
     layout = read_layout(Path(path), seed, val_fraction)
-    return imagedb.prepare(Path(data_dir) if data_dir else default_data_dir(path), layout, size, jobs, seed,
-                           stop_after=_stop_after, t0=t0)
+    out = Path(data_dir) if data_dir else default_data_dir(path)
+    prepared = imagedb.prepare(out, layout, size, jobs, seed, stop_after=_stop_after, t0=t0)
+    _next_step(out, len(layout.classes))
+    return prepared
+
+
+def _next_step(out: Path, classes: int) -> None:
+    """What a net needs to train on the folder: no shipped model points at it."""
+    here = Path.cwd().resolve()
+    shown = out.resolve()
+    if shown.is_relative_to(here):
+        shown = shown.relative_to(here)
+    console.print(f"next: in a copy of a train_val.prototxt (e.g. models/bvlc_reference_caffenet's), point the "
+                  f"Data layers at {shown}/train_lmdb and {shown}/val_lmdb, their mean_file at "
+                  f"{shown}/mean.binaryproto, and give the last InnerProduct num_output: {classes}", markup=False)

@@ -56,6 +56,7 @@ def test_class_folders_get_a_seeded_stratified_split(tmp_path, wf_pb2, capsys):
     assert "ignored 1 image(s) outside a class folder (first: loose.jpeg)" in shown
     assert "ignored 1 file(s) in class folders that are not images Caffe reads (jpg, jpeg, png" in shown
     assert "first: tulip/blink.gif)" in shown  # .DS_Store and macOS' ._ files are not worth a note
+    assert f"point the Data layers at {tmp_path / 'out'}/train_lmdb" in shown and "num_output: 3" in shown
     assert (r.train + r.val, r.classes) == (sum(CLASSES.values()), 3) and not r.skipped
     assert (out / "synset_words.txt").read_text().splitlines() == sorted(CLASSES)
     train, val = _listing(out / "train.txt"), _listing(out / "val.txt")
