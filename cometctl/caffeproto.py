@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 from types import ModuleType
 
 from .errors import CometError
@@ -139,7 +140,10 @@ def read_solver(solver, pb2):
         return solver_path, param, solver_path, net, caffe_folder([f for _, f in data_files(net)])
     base = caffe_folder([getattr(param, field)])
     net_path = _net_file(solver_path, getattr(param, field), field, base)
-    return solver_path, param, net_path, read_text_proto(net_path, pb2.NetParameter()), base
+    net = read_text_proto(net_path, pb2.NetParameter())
+    if Path(getattr(param, field)).is_absolute():  # then the net's own relative paths decide
+        base = caffe_folder([f for _, f in data_files(net)])
+    return solver_path, param, net_path, net, base
 
 
 DATA_SOURCE_PARAMS = ("data_param", "image_data_param", "hdf5_data_param", "window_data_param")
@@ -179,8 +183,6 @@ def _net_file(solver_path, name: str, field: str, base):
 
     path = from_root(name, base)
     if not path.exists():
-        from pathlib import Path
-
         where = sorted({str(Path.cwd().resolve()), str(REPO_ROOT)})
         raise CometError(f"{solver_path}: {field} {name} not found (relative paths start at "
                          f"{' or '.join(where)})")
@@ -203,7 +205,6 @@ def write_solver_nets(param, pb2, folder, solver_path, base) -> list:
     `net:` or `net_param` -> train_val.prototxt, `train_net(_param)` -> train_net.prototxt, test nets
     -> test_net_<i>.prototxt. Returns the NetParameters written, train net first."""
     import shutil
-    from pathlib import Path
 
     folder = Path(folder)
     written = []
@@ -245,7 +246,6 @@ def upgraded_net(net, pb2):
     we read of it (layer types, batch sizes) is what caffe will run."""
     import subprocess
     import tempfile
-    from pathlib import Path
 
     from .paths import tool_path
 

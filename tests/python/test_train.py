@@ -292,6 +292,11 @@ def test_a_project_folders_relative_paths_resolve_as_caffe_train_started_there(t
     r = subprocess.run([_cometctl(), "plan", "--solver", "solver.prototxt", "--cpu", "--measure", "4,8",
                         "--iters", "1"], capture_output=True, text=True, cwd=proj, timeout=600)
     assert r.returncode == 0 and "predicted peak at the solver's batch" in r.stdout, r.stdout + r.stderr
+    # a net named by its absolute path: its own relative data paths decide
+    from cometctl.caffeproto import caffe_pb2, read_solver
+
+    (proj / "abs_solver.prototxt").write_text(solver.replace('"net.prototxt"', f'"{proj / "net.prototxt"}"'))
+    assert read_solver("abs_solver.prototxt", caffe_pb2())[4] == proj
     # from elsewhere, the same solver's net is not found, and the message says where it looked
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CometError, match=rf"net net.prototxt not found \(relative paths start at .*{tmp_path.name}"):
