@@ -121,11 +121,16 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
     continuing = False
     if run_dir is None:
         first = REPO_ROOT / "runs" / f"{datetime.now():%Y%m%d-%H%M%S}-{name}"
+        first.parent.mkdir(parents=True, exist_ok=True)
         run = first
         n = 1
-        while run.exists():
-            n += 1
-            run = first.with_name(f"{first.name}-{n}")
+        while True:  # made here, atomically: runs started in the same second (a sweep) get folders of their own
+            try:
+                run.mkdir()
+                break
+            except FileExistsError:
+                n += 1
+                run = first.with_name(f"{first.name}-{n}")
     else:
         run = Path(run_dir).resolve()
         continuing = continues_run(run, resume)

@@ -46,6 +46,24 @@ def test_default_run_folder_name(wf_pb2, wf_synthetic, tmp_path, monkeypatch):
     run, _, _, _ = tr.prepare_run(solver, cpu=True)
     assert run.parent == tmp_path / "runs" and run.name.endswith("-comet_tiny")
     assert tr.model_name(Path("x/my_solver.prototxt")) == "my_solver"
+    # runs started in the same second (a sweep started with `&`) each get a folder of their own
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import datetime
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 12, 5, 12, 0, 0)
+
+    monkeypatch.setattr(tr, "datetime", Frozen)
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda _: tr.prepare_run(solver, cpu=True)[0], range(6)))
+    assert len(set(runs)) == 6 and {r.name for r in runs} == {"20261205-120000-comet_tiny"} | {
+        f"20261205-120000-comet_tiny-{n}" for n in range(2, 7)}
+    # the race itself: another run makes the folder after this one looked (exists() said no)
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda p: False if p.parent == tmp_path / "runs" else real_exists(p))
+    assert tr.prepare_run(solver, cpu=True)[0].name == "20261205-120000-comet_tiny-7"
 
 
 def test_bad_requests_are_one_line_errors(tmp_path, wf_pb2, monkeypatch):
