@@ -13,12 +13,12 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import cudalibs, deps, patches, paths, upstream
 from .errors import CometError
+from .locks import folder_lock
 from .ui import console, counter, step
 
 TOOLS = ("caffe", "convert_imageset", "compute_image_mean", "upgrade_net_proto_text", "upgrade_solver_proto_text")
@@ -318,6 +318,11 @@ def build(opts: BuildOptions) -> BuildResult:
     features = tuple(f for f, on in (("cudnn", cudnn), ("nccl", nccl)) if on)
     src, cmake_dir = paths.variant_dirs(opts.variant, opts.build_dir, features)
     cmake_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(cmake_dir.parent, f"building the {opts.variant} variant"):
+        return _build(opts, src, cmake_dir, features, cudnn, nccl, nvcc if opts.variant == "cuda" else None)
+
+
+def _build(opts: BuildOptions, src: Path, cmake_dir: Path, features, cudnn, nccl, nvcc) -> BuildResult:
     log_path = cmake_dir.parent / "build.log"
     with open(log_path, "w") as log:
         with step("check Debian packages"):

@@ -34,7 +34,6 @@ names and synset_words.txt. Everything else happens here, the same way for every
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import io
 import functools
@@ -1034,7 +1033,12 @@ def prepare(data_dir: Path, layout: Layout, size: int, jobs: int | None, seed: i
     """Turn a layout into the data folder: train_lmdb/, val_lmdb/, mean.binaryproto, train.txt, val.txt,
     synset_words.txt (and the layout's extra listings), skipped.txt, prepare.json. Resumable and
     idempotent (see the module's docstring). Ctrl-C becomes a CometError that says how to resume."""
-    return _prepare(Path(data_dir), layout, size, jobs, seed, stop_after, t0)
+    from .locks import folder_lock
+
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(data_dir, "preparing a dataset"):
+        return _prepare(data_dir, layout, size, jobs, seed, stop_after, t0)
 
 
 def check_size(size: int) -> None:

@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 from datetime import datetime

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "sz", "python"))
 import szpy  # noqa: E402
 
 try:
-    from pysz import sz as _sz3, szConfig, szErrorBoundMode, szAlgorithm
+    from pysz import sz as _sz3, szConfig, szErrorBoundMode
 except Exception as e:  # pragma: no cover - reported in the table
     _sz3 = None
     _sz3_err = str(e)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys

@@ -77,6 +77,21 @@ def test_class_folders_get_a_seeded_stratified_split(tmp_path, wf_pb2, capsys):
     assert json.loads((out / "prepare.json").read_text())["split"].startswith("seeded stratified (seed 1701")
 
 
+def test_one_prepare_at_a_time_per_data_folder(tmp_path, wf_pb2):
+    """Two commands preparing one data folder would interleave their LMDBs and manifests: the second is
+    refused at once, and the folder is whole afterwards (a finished one is left exactly as it was)."""
+    from cometctl.locks import folder_lock
+
+    src, out = _tree(tmp_path / "flowers"), tmp_path / "out"
+    out.mkdir()
+    with folder_lock(out, "preparing a dataset"):
+        with pytest.raises(CometError, match="another cometctl command is preparing a dataset there"):
+            folders.prepare_images(src, out, size=24, jobs=1)
+    assert list(out.iterdir()) == []
+    r = folders.prepare_images(src, out, size=24, jobs=1)
+    assert r.train and r.val
+
+
 def test_train_and_val_folders_are_the_split(tmp_path, wf_pb2):
     src = _tree(tmp_path / "ds", split=True)
     r = folders.prepare_images(src, tmp_path / "out", size=32, jobs=1)
