@@ -199,10 +199,17 @@ def prepare_dogs(data_dir: Path | None = None, archive: Path | None = None, list
     imagedb.check_size(size)
     if not 0 <= val_fraction < 1:
         raise CometError(f"--val-fraction {val_fraction}: must be in [0, 1)")
+    if synthetic and (archive or lists):
+        raise CometError("--synthetic generates its own archives; drop --archive/--lists")
+    from .locks import folder_lock
 
+    with folder_lock(data_dir, "preparing a dataset"):  # the download and the archives too
+        return _prepare_dogs(data_dir, archive, lists, size, jobs, synthetic, seed, val_fraction, url,
+                             _stop_after, t0)
+
+
+def _prepare_dogs(data_dir, archive, lists, size, jobs, synthetic, seed, val_fraction, url, _stop_after, t0):
     if synthetic:
-        if archive or lists:
-            raise CometError("--synthetic generates its own archives; drop --archive/--lists")
         from . import synthetic as synth
 
         archive, lists = synth.ensure(data_dir)

@@ -1036,7 +1036,6 @@ def prepare(data_dir: Path, layout: Layout, size: int, jobs: int | None, seed: i
     from .locks import folder_lock
 
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(data_dir, "preparing a dataset"):
         return _prepare(data_dir, layout, size, jobs, seed, stop_after, t0)
 

@@ -15,17 +15,33 @@ from pathlib import Path
 from .errors import CometError
 
 
+_held: set[Path] = set()  # folders this process holds: a nested folder_lock of one of them passes
+
+
 @contextmanager
 def folder_lock(folder: Path, doing: str):
-    """Hold `folder` (which must exist) for the `with` block; CometError at once when another process (or
-    another open of it here) holds it. `doing`: what the holder does there, for the message."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    """Hold `folder` (made when missing, and removed again if left empty) for the `with` block; CometError
+    at once when another process holds it. `doing`: what the holder does there, for the message."""
+    folder = Path(folder)
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    key = folder.resolve()
+    if key in _held:
+        yield
+        return
+    fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise CometError(f"{folder}: another cometctl command is {doing} there; wait for it to finish "
                              f"(two at once would mix their outputs)") from None
-        yield
+        _held.add(key)
+        try:
+            yield
+        finally:
+            _held.discard(key)
     finally:
         os.close(fd)  # releases the lock
+        if made and not any(folder.iterdir()):  # refused or failed before writing: leave no trace
+            folder.rmdir()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,3 +180,23 @@ def wf_tar(path: Path, members: dict, mode: str = "w") -> Path:
             info.mtime = 1_300_000_000
             tar.addfile(info, io.BytesIO(data))
     return path
+
+
+HOLD_FOLDER = """import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+@contextlib.contextmanager
+def held_by_another_process(folder: Path):
+    """Another process holds `folder`'s lock (cometctl.locks) for the `with` block."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_FOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield
+    finally:
+        proc.kill()
+        proc.wait()

@@ -298,12 +298,12 @@ def test_download_of_an_archive_then_verification(tmp_path):
 
 def test_one_build_at_a_time_per_build_folder(tmp_path):
     """A second `cometctl build` of the same variant would run CMake in the same tree: refused at once."""
-    from cometctl.locks import folder_lock
+    from conftest import held_by_another_process
 
     opts = build.BuildOptions(build_dir=str(tmp_path / "b"), install_deps=False)
     _, cmake_dir = paths.variant_dirs("cpu", opts.build_dir, ())
     cmake_dir.mkdir(parents=True)
-    with folder_lock(cmake_dir.parent, "building the cpu variant"):
+    with held_by_another_process(cmake_dir.parent):
         with pytest.raises(CometError, match="another cometctl command is building the cpu variant there"):
             build.build(opts)
     assert not (cmake_dir.parent / "build.log").exists()  # nothing started

@@ -349,6 +349,8 @@ def test_missing_files_give_one_line_errors(tmp_path):
     assert r.exit_code != 0
     assert "no.tar: no such file" in r.output and "Traceback" not in r.output
     assert list(tmp_path.iterdir()) == []  # nothing written
+    r = runner.invoke(main, ["prepare-dogs", "--data-dir", str(tmp_path / "new"), "--archive", str(tmp_path / "no.tar")])
+    assert r.exit_code != 0 and not (tmp_path / "new").exists()  # not even the data folder
     with pytest.raises(CometError, match="no such file"):
         dogs.read_official_split(tmp_path / "lists.tar")
     with pytest.raises(CometError, match="class folder"):

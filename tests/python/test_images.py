@@ -80,16 +80,22 @@ def test_class_folders_get_a_seeded_stratified_split(tmp_path, wf_pb2, capsys):
 def test_one_prepare_at_a_time_per_data_folder(tmp_path, wf_pb2):
     """Two commands preparing one data folder would interleave their LMDBs and manifests: the second is
     refused at once, and the folder is whole afterwards (a finished one is left exactly as it was)."""
-    from cometctl.locks import folder_lock
+    from conftest import held_by_another_process
 
     src, out = _tree(tmp_path / "flowers"), tmp_path / "out"
     out.mkdir()
-    with folder_lock(out, "preparing a dataset"):
+    with held_by_another_process(out):
         with pytest.raises(CometError, match="another cometctl command is preparing a dataset there"):
             folders.prepare_images(src, out, size=24, jobs=1)
     assert list(out.iterdir()) == []
     r = folders.prepare_images(src, out, size=24, jobs=1)
     assert r.train and r.val
+    # within one process the commands' steps nest (prepare-dogs holds the folder while it downloads,
+    # then prepares): the same folder again passes
+    from cometctl.locks import folder_lock
+
+    with folder_lock(out, "preparing a dataset"):
+        assert folders.prepare_images(src, out, size=24, jobs=1).up_to_date
 
 
 def test_train_and_val_folders_are_the_split(tmp_path, wf_pb2):
