@@ -204,8 +204,6 @@ def write_solver_nets(param, pb2, folder, solver_path, base) -> list:
     reproducible when the originals change, and inline nets become files) and point `param` at them:
     `net:` or `net_param` -> train_val.prototxt, `train_net(_param)` -> train_net.prototxt, test nets
     -> test_net_<i>.prototxt. Returns the NetParameters written, train net first."""
-    import shutil
-
     folder = Path(folder)
     written = []
 
@@ -218,7 +216,7 @@ def write_solver_nets(param, pb2, folder, solver_path, base) -> list:
         else:
             source = _net_file(solver_path, getattr(param, field_file), field_file, base)
             net = read_text_proto(source, pb2.NetParameter())
-            shutil.copyfile(source, target)
+            _copy(source, target)
         setattr(param, field_file, str(target))
         written.append(net)
 
@@ -234,10 +232,19 @@ def write_solver_nets(param, pb2, folder, solver_path, base) -> list:
         if source is None:
             write_text_proto(target, net)
         else:
-            shutil.copyfile(source, target)
+            _copy(source, target)
         param.test_net.append(str(target))
         written.append(net)
     return written
+
+
+def _copy(source: Path, target: Path) -> None:
+    """A net file into a run folder; nothing to do when it is that very file (a run's own solver copy
+    given again to go on with that run)."""
+    import shutil
+
+    if not (target.exists() and source.resolve() == target.resolve()):
+        shutil.copyfile(source, target)
 
 
 def upgraded_net(net, pb2):

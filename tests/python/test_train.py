@@ -511,6 +511,11 @@ def test_a_run_folder_that_holds_a_run_takes_only_its_own_snapshots(tmp_path, wf
 
     p = read_text_proto(copy, wf_pb2.SolverParameter())
     assert p.max_iter == 9 and p.snapshot_prefix == str(run / "snapshots" / "m")
+    # the run's own solver copy, given again to go on with the run: its net is the run's own file
+    _, again, _, _ = tr.prepare_run(copy, cpu=True, iters=11, run_dir=run, resume=state)
+    p = read_text_proto(again, wf_pb2.SolverParameter())
+    assert p.max_iter == 11 and p.net == str(run / "train_val.prototxt")
+    assert "layer" in (run / "train_val.prototxt").read_text()
 
 
 def test_resume_line_reproduces_device_iterations_and_folder(tmp_path):
