@@ -88,22 +88,53 @@ def write_text_proto(path, message) -> None:
 DATA_LAYER_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData", "MemoryData", "Input")
 
 
-def meets_train_rule(rule, pb2) -> bool:
-    """Caffe's StateMeetsRule for the state {phase: TRAIN, level: 0, no stages}."""
-    if rule.HasField("phase") and rule.phase != pb2.TRAIN:
+def meets_train_rule(rule, pb2, state=None) -> bool:
+    """Caffe's StateMeetsRule for the TRAIN state: `state` (a NetState, train_state below), or by default
+    {phase: TRAIN, level: 0, no stages}."""
+    phase = state.phase if state is not None else pb2.TRAIN
+    level = state.level if state is not None else 0
+    stages = set(state.stage) if state is not None else set()
+    if rule.HasField("phase") and rule.phase != phase:
         return False
-    if rule.HasField("min_level") and rule.min_level > 0:
+    if rule.HasField("min_level") and level < rule.min_level:
         return False
-    if rule.HasField("max_level") and rule.max_level < 0:
+    if rule.HasField("max_level") and level > rule.max_level:
         return False
-    return not rule.stage  # a rule that needs a stage is not met (not_stage: none of ours)
+    return all(s in stages for s in rule.stage) and not any(s in stages for s in rule.not_stage)
 
 
-def in_train_phase(layer, pb2) -> bool:
-    """Whether Caffe keeps `layer` in the TRAIN net (its include and exclude rules)."""
+def in_train_phase(layer, pb2, state=None) -> bool:
+    """Whether Caffe keeps `layer` in the TRAIN net (its include and exclude rules; `state` as above)."""
     if layer.include:
-        return any(meets_train_rule(r, pb2) for r in layer.include)
-    return not any(meets_train_rule(r, pb2) for r in layer.exclude)
+        return any(meets_train_rule(r, pb2, state) for r in layer.include)
+    return not any(meets_train_rule(r, pb2, state) for r in layer.exclude)
+
+
+def train_state(net, param, pb2):
+    """The state Caffe builds the train net in (Solver::InitTrainNet): phase TRAIN, then the net's own
+    `state`, then the solver's `train_state` (its level and stages)."""
+    state = pb2.NetState()
+    state.phase = pb2.TRAIN
+    state.MergeFrom(net.state)
+    state.MergeFrom(param.train_state)
+    return state
+
+
+def train_net_only(net, param, pb2):
+    """`net` (a copy) with only the layers Caffe keeps in the train net, their include and exclude rules
+    dropped: what later code reads holds for any level and stages the solver trains with."""
+    state = train_state(net, param, pb2)
+    out = pb2.NetParameter()
+    out.CopyFrom(net)
+    del out.layer[:]
+    for layer in net.layer:
+        if in_train_phase(layer, pb2, state):
+            kept = out.layer.add()
+            kept.CopyFrom(layer)
+            kept.ClearField("include")
+            kept.ClearField("exclude")
+    out.ClearField("state")
+    return out
 
 
 # Caffe's four ways of naming the train net (exactly one of them, Solver::InitTrainNet).

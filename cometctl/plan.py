@@ -794,7 +794,7 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
     """Measure, fit and predict; returns the plan as a dict (the --json document). `check`: batch sizes
     to run after the fit (N, or (N, ("on",)) for one mode); `verify`: also run each mode at its largest
     batch in `memory`. `progress(text)` is called before each run, with the run's description."""
-    from .caffeproto import absolute_data_files, caffe_pb2, read_solver, upgraded_net
+    from .caffeproto import absolute_data_files, caffe_pb2, read_solver, train_net_only, upgraded_net
     from .paths import prepare_hint
 
     if cpu and gpu is not None:
@@ -815,7 +815,7 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
     shapes = parse_input_shapes(input_shapes)
     pb2 = caffe_pb2()
     solver_path, param, net_path, net, base = read_solver(solver, pb2)
-    net = absolute_data_files(upgraded_net(net, pb2), base)
+    net = train_net_only(absolute_data_files(upgraded_net(net, pb2), base), param, pb2)
     solver_batch = net_batch(net, pb2)
     if not synthetic:
         missing = missing_sources(net, pb2)

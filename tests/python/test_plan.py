@@ -240,6 +240,33 @@ def test_upstreams_consolidated_lenet_solver_plans(tmp_path):
     assert {row["blob"] for row in doc["layers"]} >= {"conv1", "pool1", "ip1"}
 
 
+def test_the_solvers_train_state_chooses_the_layers(wf_pb2):
+    """Caffe builds the train net in phase TRAIN plus the net's `state` and the solver's `train_state`
+    (level, stages): plan assumed level 0 and no stages, so a net whose layers pick a stage was measured
+    with the wrong layers."""
+    from google.protobuf import text_format
+
+    from cometctl.caffeproto import train_net_only
+
+    def dummy(name, n, rule):
+        return (f'layer {{ name: "{name}" type: "DummyData" top: "data" top: "label" include {{ phase: TRAIN {rule} }} '
+                f'dummy_data_param {{ shape {{ dim: {n} dim: 3 dim: 8 dim: 8 }} shape {{ dim: {n} }} }} }}\n')
+    net = text_format.Parse(
+        dummy("big", 8, 'stage: "big"') + dummy("small", 4, 'not_stage: "big"')
+        + 'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }\n'
+        + 'layer { name: "extra" type: "Silence" bottom: "label" include { min_level: 1 } }\n'
+        + 'layer { name: "test_only" type: "Silence" bottom: "ip" include { phase: TEST } }\n', wf_pb2.NetParameter())
+    plain = wf_pb2.SolverParameter()
+    staged = text_format.Parse('train_state { stage: "big" level: 1 }', wf_pb2.SolverParameter())
+    for param, names, batch in ((plain, ["small", "ip"], 4), (staged, ["big", "ip", "extra"], 8)):
+        kept = train_net_only(net, param, wf_pb2)
+        assert [layer.name for layer in kept.layer] == names
+        assert not any(layer.include or layer.exclude for layer in kept.layer)
+        assert P.net_batch(kept, wf_pb2) == batch
+    net.state.level = 1  # the net's own state counts too
+    assert "extra" in [layer.name for layer in train_net_only(net, plain, wf_pb2).layer]
+
+
 @WF_NEEDS_BUILD
 def test_bad_options_are_one_line(tmp_path):
     for args, says in ((["--memory", "lots"], "not a size"), (["--measure", "16"], "at least two"),
