@@ -359,6 +359,8 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
         info["earlier_sessions"] = earlier
     (run / "run.json").write_text(json.dumps(info, indent=1))
     console.print(f"run folder: {run}" + (" (going on with the run there)" if continuing else ""))
+    if base != REPO_ROOT:  # relative paths resolve from where the solver's net was found
+        console.print(f"in {base}:", markup=False)
     console.print("$ " + " ".join(cmd), markup=False, soft_wrap=True)
 
     parser, view = LogParser(), _View(max_iter)

@@ -288,7 +288,7 @@ def test_solvers_that_name_their_nets_as_caffe_allows_train(tmp_path, wf_pb2, wf
 
 @WF_NEEDS_BUILD
 def test_a_project_folders_relative_paths_resolve_as_caffe_train_started_there(tmp_path, wf_synthetic,
-                                                                              monkeypatch):
+                                                                              monkeypatch, capsys):
     """A solver in one's own folder names `net: "net.prototxt"` and `data/train_lmdb`, as for `caffe train`
     started there (upstream's examples are written so for upstream's tree): train and plan looked for them
     under the repository root only ('net.prototxt not found'). caffe now runs in the current folder when
@@ -306,6 +306,7 @@ def test_a_project_folders_relative_paths_resolve_as_caffe_train_started_there(t
     run = tmp_path / "run"
     assert tr.train("solver.prototxt", cpu=True, iters=2, run_dir=run) == 0, (run / "caffe.log").read_text()[-3000:]
     assert json.loads((run / "run.json").read_text())["cwd"] == str(proj)
+    assert f"in {proj}:" in capsys.readouterr().err  # said before the command line
     assert "Opened lmdb data/train_lmdb" in (run / "caffe.log").read_text()
     r = subprocess.run([_cometctl(), "plan", "--solver", "solver.prototxt", "--cpu", "--measure", "4,8",
                         "--iters", "1"], capture_output=True, text=True, cwd=proj, timeout=600)
