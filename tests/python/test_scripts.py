@@ -1,5 +1,5 @@
-"""scripts/bench_memory, grad_error and dump_activations: their --help, the benchmark reading the
-store's CSV, and the activation dumps."""
+"""scripts/bench_memory, grad_error, dump_activations and quickstart: their --help, the benchmark reading
+the store's CSV, the activation dumps, and quickstart run twice."""
 
 from __future__ import annotations
 
@@ -104,3 +104,36 @@ def test_bench_loops_times_every_loop_and_checks_its_results():
         ms = float(row.split("|")[3])
         assert ms >= 0, row
     assert "blob 2x8x16x40" in run.stdout
+
+
+FAKE_COMETCTL = """#!/usr/bin/env bash
+# stands in for cometctl: train refuses a run folder that holds a run, as the real one does
+echo "cometctl $*" >> calls.log
+if [ "$1" = train ]; then
+  while [ $# -gt 0 ]; do [ "$1" = --run-dir ] && dir="$2"; shift; done
+  [ -e "$dir/caffe.log" ] && { echo "cometctl: error: $dir already holds a run" >&2; exit 1; }
+  mkdir -p "$dir" && echo "trained" > "$dir/caffe.log"
+fi
+"""
+
+
+def test_quickstart_runs_again_and_keeps_the_earlier_run(tmp_path):
+    """The README's first command, run a second time, stopped at `train` ('runs/quickstart already holds a
+    run'); the earlier run is now kept under runs/quickstart-<time of its log>. The script's own logic, with
+    stand-ins for bootstrap and cometctl."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "quickstart").write_text((ROOT / "scripts" / "quickstart").read_text())
+    (tmp_path / "scripts" / "bootstrap").write_text("true\n")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    fake = tmp_path / ".venv" / "bin" / "cometctl"
+    fake.write_text(FAKE_COMETCTL)
+    fake.chmod(0o755)
+    for _ in range(2):
+        r = subprocess.run(["bash", str(tmp_path / "scripts" / "quickstart")], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    kept = [p.name for p in (tmp_path / "runs").iterdir() if p.name != "quickstart"]
+    assert len(kept) == 1 and kept[0].startswith("quickstart-"), kept
+    assert "earlier quickstart run is now in runs/" + kept[0] in r.stdout
+    assert (tmp_path / "runs" / "quickstart" / "caffe.log").exists()
+    assert (tmp_path / "calls.log").read_text().count("cometctl train") == 2
