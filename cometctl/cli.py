@@ -217,9 +217,11 @@ def prepare_images(path, data_dir, size, jobs, seed, val_fraction):
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Where the log, the solver as run and the snapshots go [default: runs/<time>-<model>].")
 def train(solver, gpu, cpu, snapshot, weights, iters, run_dir):
-    """Run the fork's `caffe train` from the repository root and show a compact view: iteration,
-    loss, learning rate, test accuracy and COMET's compression figures. The full log, the adjusted
-    solver and the snapshots go to a run folder. A GPU run is refused before it starts when no GPU is
+    """Run the fork's `caffe train` and show a compact view: iteration, loss, learning rate, test
+    accuracy and COMET's compression figures. The full log, the adjusted solver, its nets and the
+    snapshots go to a run folder. Any solver caffe takes works (net, net_param, train_net/test_net);
+    relative paths resolve from the current folder when the solver's net is found there, as for
+    `caffe train` started there, else from the repository root. A GPU run is refused before it starts when no GPU is
     usable (with the reason). Ctrl-C stops after writing a snapshot and prints the command that
     resumes the run in the same folder (--snapshot with --run-dir); it exits 130. Otherwise exits with
     caffe's status."""
