@@ -715,7 +715,9 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
     if child.rc != 0:
         how = f"exit status {child.rc}" if child.rc > 0 else f"killed by {signal.Signals(-child.rc).name}" \
             + (" (out of memory?)" if child.rc == -signal.SIGKILL else "")
-        raise CometError(f"caffe train failed at batch {batch} with COMET {mode} ({how}): {_why(text)}; "
+        given = (" (with --input-shape " + " ".join(
+            f"{top}={'x'.join(map(str, dims))}" for top, dims in shapes.items()) + ")") if shapes else ""
+        raise CometError(f"caffe train failed at batch {batch} with COMET {mode} ({how}): {_why(text)}{given}; "
                          f"full log: {child.log}")
     total, rows = cometstats.last_report(stats)
     if total is None:

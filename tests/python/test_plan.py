@@ -268,6 +268,18 @@ def test_the_solvers_train_state_chooses_the_layers(wf_pb2):
 
 
 @WF_NEEDS_BUILD
+def test_a_net_too_small_for_the_given_input_shape_names_it(tmp_path):
+    """caffe's own line for a blob that shrank to nothing is 'Check failed: data_'; the error now says which
+    --input-shape the run had, the likely cause."""
+    solver = _solver_with_net(tmp_path, TINY_NET.read_text().replace("pad: 2", ""))
+    r = _cometctl("plan", "--solver", str(solver), "--cpu", "--synthetic-input", "--input-shape", "data=3x4x4",
+                  "--measure", "2,4", "--iters", "1", "--keep", str(tmp_path / "work"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    err = r.stderr.strip().splitlines()[-1]
+    assert "caffe train failed at batch 2" in err and "(with --input-shape data=3x4x4)" in err, err
+
+
+@WF_NEEDS_BUILD
 def test_bad_options_are_one_line(tmp_path):
     for args, says in ((["--memory", "lots"], "not a size"), (["--measure", "16"], "at least two"),
                        (["--verify"], "give --memory too"), (["--cpu", "--gpu", "0"], "contradict")):
