@@ -22,6 +22,8 @@ from .locks import folder_lock
 from .ui import console, counter, step
 
 TOOLS = ("caffe", "convert_imageset", "compute_image_mean", "upgrade_net_proto_text", "upgrade_solver_proto_text")
+# upstream's examples' converters, which its create_*.sh scripts run as build/examples/<name>/<tool>.bin
+EXAMPLE_TOOLS = ("mnist/convert_mnist_data", "cifar10/convert_cifar_data", "siamese/convert_mnist_siamese_data")
 DEFAULT_CUDA_ARCHS = "75 80 86 89 90"
 
 
@@ -286,6 +288,21 @@ def _venv_site() -> Path | None:
     return Path(sysconfig.get_paths()["purelib"])
 
 
+def link_build_folder(src: Path, cmake_dir: Path) -> None:
+    """src/build -> the CMake build: upstream's scripts, run from the patched tree as from a Caffe
+    checkout, call ./build/tools/caffe and ./build/examples/<name>/<tool>.bin (examples/mnist/
+    create_mnist.sh, train_lenet.sh, examples/cifar10/*.sh)."""
+    link = src / "build"
+    target = os.path.relpath(cmake_dir, src)
+    if link.is_symlink() and os.readlink(link) == target:
+        return
+    if link.exists() and not link.is_symlink():
+        console.print(f"  note: {link} is not ours; upstream's scripts will not find ./build/tools/caffe there")
+        return
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+
+
 def activate(result: BuildResult) -> str:
     """Make this build the one the venv uses: pycaffe on sys.path, the tools in the venv's bin/."""
     site = _venv_site()
@@ -367,7 +384,7 @@ def _build(opts: BuildOptions, src: Path, cmake_dir: Path, features, cudnn, nccl
         console.print(f"  configured: {configured}")
         check_configured(configured, cudnn, nccl, log_path)
         # upstream names the caffe tool target caffe.bin (the library is "caffe")
-        targets = ["caffe", "pycaffe", "caffe.bin", *TOOLS[1:]]
+        targets = ["caffe", "pycaffe", "caffe.bin", *TOOLS[1:], *(t.split("/")[1] for t in EXAMPLE_TOOLS)]
         if opts.tests:
             targets.append("test.testbin")
         compiled += run_logged(["cmake", "--build", str(cmake_dir), "-j", str(opts.jobs),
@@ -375,8 +392,10 @@ def _build(opts: BuildOptions, src: Path, cmake_dir: Path, features, cudnn, nccl
                               log, title=f"build ({opts.variant})", env=env)
     result = BuildResult(opts.variant, src, cmake_dir, compiled, log_path, features)
     missing = [t for t in TOOLS if not (cmake_dir / "tools" / t).exists()]
+    missing += [t for t in EXAMPLE_TOOLS if not (cmake_dir / "examples" / f"{t}.bin").exists()]
     if missing:
         raise CometError(f"build finished but {', '.join(missing)} missing; see {log_path}")
+    link_build_folder(src, cmake_dir)
     console.print(f"  compiled {compiled} objects; log: {log_path}")
     if opts.activate:
         console.print(f"  {activate(result)}")

@@ -146,5 +146,13 @@ def prepare_hint(path: str, base: Path | None = None) -> str:
         return "run `cometctl prepare-dogs`"
     if folder == "imagenet":
         return "run `cometctl prepare-imagenet` (see `cometctl prepare-imagenet --help`)"
+    if len(parts) > 2 and parts[0] == "examples" and base is not None:
+        # upstream's examples (run from the patched tree, build/<variant>/src): their own scripts
+        creates = sorted((base / "examples" / parts[1]).glob("create_*.sh"))
+        gets = sorted((base / "data" / parts[1]).glob("get_*.sh"))
+        if creates:
+            steps = [f"./data/{parts[1]}/{g.name}" for g in gets[:1]] + [f"./examples/{parts[1]}/{creates[0].name}"]
+            return (f"upstream's own scripts make it: in {base}, {' then '.join(steps)}"
+                    + (" (the first downloads)" if gets else ""))
     return ("create it first (`cometctl prepare-images DIR` makes train and val LMDBs and a mean file "
             f"from one folder per class), or fix the path: relative paths start at {base or REPO_ROOT}")

@@ -119,3 +119,52 @@ def test_classify_runs_a_trained_snapshot_on_an_image(wf_short_run, tmp_path):
     prob = np.load(out_file)
     assert prob.shape == (1, 10)
     assert abs(float(prob.sum()) - 1) < 1e-4 and (prob >= 0).all()
+
+
+def _idx(path: Path, magic: int, dims: tuple[int, ...], data: bytes) -> None:
+    """An MNIST file in LeCun's IDX format (big-endian magic and sizes, then the bytes)."""
+    import struct
+
+    path.write_bytes(struct.pack(f">{1 + len(dims)}I", magic, *dims) + data)
+
+
+@WF_NEEDS_BUILD
+def test_upstreams_mnist_example_runs_as_in_a_caffe_checkout(tmp_path):
+    """Upstream's MNIST example as its README has it, in a copy of upstream's layout: create_mnist.sh
+    (which runs ./build/examples/mnist/convert_mnist_data.bin: the build now makes the examples'
+    converters, and the patched tree has `build` -> the CMake build), then `cometctl train --solver
+    examples/mnist/lenet_solver.prototxt` from that folder (its relative paths resolve there). MNIST
+    itself is not downloaded: small IDX files of random digits stand in for get_mnist.sh's."""
+    import random
+
+    from cometctl.paths import pycaffe_dir
+
+    tree = pycaffe_dir().parent
+    assert (tree / "build" / "tools" / "caffe").exists()  # what upstream's train_*.sh scripts call
+    root = tmp_path / "caffe"
+    (root / "data" / "mnist").mkdir(parents=True)
+    (root / "examples" / "mnist").mkdir(parents=True)
+    for name in ("create_mnist.sh", "lenet_solver.prototxt", "lenet_train_test.prototxt"):
+        (root / "examples" / "mnist" / name).write_text((tree / "examples" / "mnist" / name).read_text())
+    (root / "build").symlink_to((tree / "build").resolve())
+    rng = random.Random(7)
+    for prefix, n in (("train", 128), ("t10k", 64)):
+        _idx(root / "data" / "mnist" / f"{prefix}-images-idx3-ubyte", 2051, (n, 28, 28),
+             bytes(rng.randrange(256) for _ in range(n * 28 * 28)))
+        _idx(root / "data" / "mnist" / f"{prefix}-labels-idx1-ubyte", 2049, (n,), bytes(rng.randrange(10) for _ in range(n)))
+    made = subprocess.run(["sh", "examples/mnist/create_mnist.sh"], cwd=root, capture_output=True, text=True,
+                          timeout=120)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert (root / "examples" / "mnist" / "mnist_train_lmdb" / "data.mdb").exists()
+    exe = str(Path(sys.executable).parent / "cometctl")
+    r = subprocess.run([exe, "train", "--solver", "examples/mnist/lenet_solver.prototxt", "--cpu", "--iters", "4",
+                        "--run-dir", str(tmp_path / "run")], cwd=root, capture_output=True, text=True, timeout=600)
+    log = (tmp_path / "run" / "caffe.log").read_text() if (tmp_path / "run" / "caffe.log").exists() else ""
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:] + log[-2000:]
+    assert "Opened lmdb examples/mnist/mnist_train_lmdb" in log and "Optimization Done" in log
+    # without the data, the error names upstream's own scripts (and where to run them)
+    from cometctl.paths import prepare_hint
+
+    hint = prepare_hint("examples/mnist/mnist_train_lmdb", tree)
+    assert f"in {tree}, ./data/mnist/get_mnist.sh then ./examples/mnist/create_mnist.sh" in hint
+    assert "./examples/cifar10/create_cifar10.sh" in prepare_hint("examples/cifar10/cifar10_train_lmdb", tree)
