@@ -180,17 +180,20 @@ def read_solver(solver, pb2):
 DATA_SOURCE_PARAMS = ("data_param", "image_data_param", "hdf5_data_param", "window_data_param")
 
 
-def data_files(net) -> list[tuple[str, str]]:
-    """(layer name, file) for each file a net's layers read, as written there: the sources of Data,
-    ImageData, HDF5Data and WindowData layers and mean files (V1 layers too)."""
-    names = []
+def _file_fields(net):
+    """(layer, message, field) for each file a net's layers read: the sources of Data, ImageData, HDF5Data
+    and WindowData layers and mean files (V1 layers too)."""
     for layer in list(net.layer) + list(net.layers):
-        for field in DATA_SOURCE_PARAMS:
-            if layer.HasField(field) and getattr(layer, field).source:
-                names.append((layer.name, getattr(layer, field).source))
+        for name in DATA_SOURCE_PARAMS:
+            if layer.HasField(name) and getattr(layer, name).source:
+                yield layer, getattr(layer, name), "source"
         if layer.HasField("transform_param") and layer.transform_param.mean_file:
-            names.append((layer.name, layer.transform_param.mean_file))
-    return names
+            yield layer, layer.transform_param, "mean_file"
+
+
+def data_files(net) -> list[tuple[str, str]]:
+    """(layer name, file) for each file a net's layers read, as written there (_file_fields)."""
+    return [(layer.name, getattr(message, field)) for layer, message, field in _file_fields(net)]
 
 
 def absolute_data_files(net, base):
@@ -200,12 +203,8 @@ def absolute_data_files(net, base):
 
     out = type(net)()
     out.CopyFrom(net)
-    for layer in list(out.layer) + list(out.layers):
-        for field in DATA_SOURCE_PARAMS:
-            if layer.HasField(field) and getattr(layer, field).source:
-                getattr(layer, field).source = str(from_root(getattr(layer, field).source, base))
-        if layer.HasField("transform_param") and layer.transform_param.mean_file:
-            layer.transform_param.mean_file = str(from_root(layer.transform_param.mean_file, base))
+    for _, message, field in _file_fields(out):
+        setattr(message, field, str(from_root(getattr(message, field), base)))
     return out
 
 
@@ -230,43 +229,35 @@ def read_test_nets(solver_path, param, pb2, base) -> list:
     return nets
 
 
-def write_solver_nets(param, pb2, folder, solver_path, base) -> list:
+def write_solver_nets(param, folder, solver_path, base, test_nets) -> None:
     """Give every net of the solver a file of its own in `folder` (a run's copy: the run stays
     reproducible when the originals change, and inline nets become files) and point `param` at them:
     `net:` or `net_param` -> train_val.prototxt, `train_net(_param)` -> train_net.prototxt, test nets
-    -> test_net_<i>.prototxt. Returns the NetParameters written, train net first."""
+    (`test_nets`: read_test_nets' list) -> test_net_<i>.prototxt."""
     folder = Path(folder)
-    written = []
 
     def place(field_file, field_param, target):
         if param.HasField(field_param):
-            net = pb2.NetParameter()
-            net.CopyFrom(getattr(param, field_param))
+            write_text_proto(target, getattr(param, field_param))
             param.ClearField(field_param)
-            write_text_proto(target, net)
         else:
-            source = _net_file(solver_path, getattr(param, field_file), field_file, base)
-            net = read_text_proto(source, pb2.NetParameter())
-            _copy(source, target)
+            _copy(_net_file(solver_path, getattr(param, field_file), field_file, base), target)
         setattr(param, field_file, str(target))
-        written.append(net)
 
     if _given(param, "net") or _given(param, "net_param"):
         place("net", "net_param", folder / "train_val.prototxt")
     else:
         place("train_net", "train_net_param", folder / "train_net.prototxt")
-    tests = read_test_nets(solver_path, param, pb2, base)
+    targets = []
+    for i, (net, source) in enumerate(test_nets):  # written before the solver's own fields are cleared
+        targets.append(str(folder / f"test_net_{i}.prototxt"))
+        if source is None:
+            write_text_proto(targets[-1], net)
+        else:
+            _copy(source, Path(targets[-1]))
     param.ClearField("test_net_param")
     del param.test_net[:]
-    for i, (net, source) in enumerate(tests):
-        target = folder / f"test_net_{i}.prototxt"
-        if source is None:
-            write_text_proto(target, net)
-        else:
-            _copy(source, target)
-        param.test_net.append(str(target))
-        written.append(net)
-    return written
+    param.test_net.extend(targets)
 
 
 def _copy(source: Path, target: Path) -> None:

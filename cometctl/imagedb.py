@@ -68,18 +68,19 @@ REOPEN_EVERY = 2048  # images between two re-openings of the LMDB being written 
 POOL_MIN = 64  # fewer images than this are decoded in the main process (starting a pool costs more)
 
 
+def _hidden(name: str) -> bool:
+    """Hidden ('.x', '._x' of macOS) or in a __MACOSX folder: never part of a dataset."""
+    return any(p.startswith(".") or p == "__MACOSX" for p in name.split("/"))
+
+
 def is_other_file(name: str) -> bool:
     """A file beside the images: not one by its extension, not hidden, not in a __MACOSX folder."""
-    parts = name.split("/")
-    return not any(p.startswith(".") or p == "__MACOSX" for p in parts) and not is_image_name(name)
+    return not _hidden(name) and not name.lower().endswith(IMAGE_EXTENSIONS)
 
 
 def is_image_name(name: str) -> bool:
     """An image file by its extension, not hidden ('.x', '._x' of macOS) nor in a __MACOSX folder."""
-    parts = name.split("/")
-    if any(p.startswith(".") or p == "__MACOSX" for p in parts):
-        return False
-    return name.lower().endswith(IMAGE_EXTENSIONS)
+    return not _hidden(name) and name.lower().endswith(IMAGE_EXTENSIONS)
 
 
 # ---------------------------------------------------------------------------------------------- sources

@@ -138,7 +138,7 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
                              f"that run with --snapshot {run / 'snapshots'}/<model>_iter_<N>.solverstate")
     (run / "snapshots").mkdir(parents=True, exist_ok=True)
 
-    write_solver_nets(param, pb2, run, solver_path, base)
+    write_solver_nets(param, run, solver_path, base, test_nets)
     prefix = run / "snapshots" / name
     m = STATE.match(Path(resume).name) if continuing else None
     if m:

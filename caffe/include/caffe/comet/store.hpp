@@ -135,7 +135,8 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
 
 // A comet { } block that solvers whose parameter has none take on, in Solver::Init (patch 0009)
 // before the train net is built. None unless a test runner sets one: scripts/test runs upstream's
-// own solver tests once more with the store on this way (COMET_EVERY_SOLVER, test_comet.cpp).
+// own solver tests once more with the store on this way (COMET_EVERY_SOLVER,
+// test_comet_every_solver.cpp).
 void CometSetBlockForSolversWithout(const CometParameter& block);
 void CometGiveBlockIfWithout(SolverParameter* param);
 

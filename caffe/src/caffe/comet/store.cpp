@@ -202,14 +202,12 @@ float LargestFactor(const Dtype* a, int n) {
   return finite ? m : std::numeric_limits<float>::quiet_NaN();
 }
 
-}  // namespace
-
-namespace {
 // Set once by a test runner before any solver is made; read in Solver::Init.
 shared_ptr<CometParameter>& BlockForSolversWithout() {
   static shared_ptr<CometParameter> block;
   return block;
 }
+
 }  // namespace
 
 void CometSetBlockForSolversWithout(const CometParameter& block) {
