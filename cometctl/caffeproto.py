@@ -120,10 +120,9 @@ def train_state(net, param, pb2):
     return state
 
 
-def train_net_only(net, param, pb2):
-    """`net` (a copy) with only the layers Caffe keeps in the train net, their include and exclude rules
-    dropped: what later code reads holds for any level and stages the solver trains with."""
-    state = train_state(net, param, pb2)
+def net_in_state(net, state, pb2):
+    """`net` (a copy) with only the layers Caffe keeps in a net built in `state` (a NetState), their include
+    and exclude rules dropped."""
     out = pb2.NetParameter()
     out.CopyFrom(net)
     del out.layer[:]
@@ -134,6 +133,30 @@ def train_net_only(net, param, pb2):
             kept.ClearField("include")
             kept.ClearField("exclude")
     out.ClearField("state")
+    return out
+
+
+def train_net_only(net, param, pb2):
+    """`net` (a copy) with only the layers Caffe keeps in the train net, their include and exclude rules
+    dropped: what later code reads holds for any level and stages the solver trains with."""
+    return net_in_state(net, train_state(net, param, pb2), pb2)
+
+
+def nets_caffe_builds(param, net, test_nets, pb2) -> list:
+    """The nets a solver makes Caffe build (Solver::InitTrainNet and InitTestNets), each as (NetParameter
+    with the layers of its state only, index of the test net or None for the train net): the train net;
+    the solver's own test nets (`test_nets`: read_test_nets' pairs); then the train net's file once more
+    in phase TEST for each `test_iter` beyond those. Test net i takes `test_state[i]` when given."""
+    out = [(train_net_only(net, param, pb2), None)]
+    own = [n for n, _ in test_nets]
+    generic = [net] * max(0, len(param.test_iter) - len(own))
+    for i, test_net in enumerate(own + generic):
+        state = pb2.NetState()
+        state.phase = pb2.TEST
+        state.MergeFrom(test_net.state)
+        if param.test_state:
+            state.MergeFrom(param.test_state[i])
+        out.append((net_in_state(test_net, state, pb2), i))
     return out
 
 

@@ -1,7 +1,8 @@
 """One cometctl command at a time per output folder: a dataset's data folder, a build folder.
 
 Two `prepare-*` commands writing one data folder would interleave their LMDB records and manifests, and
-two builds of one variant would run CMake in the same tree. The lock is flock(2) on the folder itself
+two builds of one variant would run CMake in the same tree; a run that started on a dataset still being
+written would read half an LMDB (`busy` lets `train` refuse that). The lock is flock(2) on the folder itself
 (no lock file, so a finished folder is left exactly as it was); the kernel drops it when the process
 ends, however it ends."""
 
@@ -45,3 +46,21 @@ def folder_lock(folder: Path, doing: str):
         os.close(fd)  # releases the lock
         if made and not any(folder.iterdir()):  # refused or failed before writing: leave no trace
             folder.rmdir()
+
+
+def busy(folder: Path) -> bool:
+    """Whether another process holds `folder` with folder_lock now (a `prepare-*` writing there)."""
+    try:
+        key = Path(folder).resolve()
+        if key in _held:
+            return False
+        fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # missing or not a folder: nobody prepares there
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)

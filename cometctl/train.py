@@ -54,11 +54,16 @@ def model_name(solver: Path) -> str:
 def _check_data(net, net_path: Path, base: Path) -> None:
     """Missing data sources or mean files give one clear line before caffe starts."""
     from .caffeproto import data_files
+    from .locks import busy
 
     for layer, name in data_files(net):
-        if not from_root(name, base).exists():
+        path = from_root(name, base)
+        if not path.exists():
             raise CometError(f"{net_path.name}: layer '{layer}' needs {name}, which does not exist; "
                              f"{prepare_hint(name, base)}")
+        if busy(path.parent):  # the folder prepare-* locks: its LMDBs, lists and mean file
+            raise CometError(f"{net_path.name}: layer '{layer}' reads {name}, and another cometctl command is "
+                             f"preparing a dataset in {path.parent} now; wait for it to finish, then train")
 
 
 STATE = re.compile(r"^(?P<prefix>.+)_iter_(?P<iter>\d+)\.solverstate(?:\.h5)?$")
@@ -91,7 +96,8 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
     anything is written (to find caffe and check the device). With `resume` a snapshot inside
     `run_dir/snapshots`, the run folder is the one that made it: the run goes on there, with the same
     snapshot prefix (so the fork's <prefix>_comet.csv goes on too)."""
-    from .caffeproto import caffe_pb2, read_solver, read_test_nets, write_solver_nets, write_text_proto
+    from .caffeproto import (caffe_pb2, nets_caffe_builds, read_solver, read_test_nets, write_solver_nets,
+                             write_text_proto)
 
     if cpu and gpu is not None:
         raise CometError("--cpu and --gpu contradict each other; choose one")
@@ -113,9 +119,9 @@ def prepare_run(solver: str | os.PathLike, cpu: bool = False, gpu: str | None = 
     uses_gpu = gpu is not None or (not cpu and param.solver_mode == pb2.SolverParameter.GPU)
     if before_create:  # the device first: no point preparing data for a run that cannot start
         before_create(uses_gpu, param)
-    _check_data(net, net_path, base)
-    for test_net, test_path in test_nets:
-        _check_data(test_net, test_path or solver_path, base)
+    test_paths = [path or solver_path for _, path in test_nets]
+    for built, i in nets_caffe_builds(param, net, test_nets, pb2):  # not the layers no state of the run keeps
+        _check_data(built, net_path if i is None or i >= len(test_paths) else test_paths[i], base)
     name = model_name(solver_path)
     continuing = False
     if run_dir is None:

@@ -58,7 +58,10 @@ the list, and with destructive settings through --comet):
 
 Inputs: images are Gaussian noise of std 50 (mean-subtracted 0..255 pixels; 0.4 for comet_tiny, which
 scales by 1/128), MNIST nets uniform in [0, 0.26] (mean 0.13, that of MNIST; uniform [0, 1] would make
-the autoencoder's best answer the constant 0.5, the same as logits read as zeros).
+the autoencoder's best answer the constant 0.5, the same as logits read as zeros), hdf5_nonlinear's four
+features standard normal. pycaffe_linreg keeps its own DummyData and imports its Python loss layer from
+upstream's examples/pycaffe/layers (PYTHONPATH of the child); that layer has no COMET fact row, so its
+inputs stay dense and the net checks that a Python layer trains unchanged beside the store.
 
 The verdict of a net is PASS when all checks pass; the exit status is 1 when any net fails, 2 on a usage
 error. `--json FILE` writes every figure (per-step outputs, per-layer gradient errors, stderr tails).
@@ -111,8 +114,11 @@ class ZooNet:
     tops: dict
     base_lr: float = 0.01
     note: str = ""
+    pythonpath: str = ""  # where its Python layers' modules are, as source says ("upstream:<folder>")
 
     def input_text(self) -> str:
+        if not self.tops:
+            return "the net's own DummyData"
         parts = []
         for top, spec in self.tops.items():
             if spec[0] == "label":
@@ -164,14 +170,20 @@ NETS = [
     ZooNet("resnet18_dogs", "repo:models/resnet18_dogs/train_val.prototxt", 4,
            {"data": _image(3, 112, 112), "label": ("label", 120)}, base_lr=1e-4,
            note="crop 112 instead of 224; BatchNorm+Scale, Eltwise SUM, Accuracy in TRAIN"),
+    ZooNet("hdf5_nonlinear", "upstream:examples/hdf5_classification/nonlinear_auto_train.prototxt", 10,
+           {"data": ("gauss", (4,), 1.0), "label": ("label", 2)}, base_lr=0.01,
+           note="HDF5Data; InnerProduct only; Accuracy in TRAIN reads the loss's input"),
+    ZooNet("pycaffe_linreg", "upstream:examples/pycaffe/linreg.prototxt", 10, {}, base_lr=0.01,
+           pythonpath="upstream:examples/pycaffe/layers",
+           note="a Python loss layer (pyloss.EuclideanLossLayer); DummyData of its own"),
 ]
 BY_NAME = {n.name: n for n in NETS}
 
 
 # ---------------------------------------------------------------------------------------- the nets
 
-def source_path(net: ZooNet) -> Path:
-    kind, rel = net.source.split(":", 1)
+def source_path(net: ZooNet, source: str | None = None) -> Path:
+    kind, rel = (source or net.source).split(":", 1)
     if kind == "repo":
         return ROOT / rel
     from cometctl import paths
@@ -323,9 +335,11 @@ def _rc_text(rc: int | None) -> str:
     return f"exit status {rc}"
 
 
-def run_child(mode: str, workdir: Path, iters: int, timeout: float, argv=None) -> Run:
+def run_child(mode: str, workdir: Path, iters: int, timeout: float, argv=None, pythonpath: Path | None = None) -> Run:
     """Run one setting in a child process; its stderr goes to workdir/<mode>.log."""
     env = dict(os.environ, GLOG_minloglevel="1", GLOG_logtostderr="1")  # warnings: the freed reads
+    if pythonpath:  # the net's Python layers, imported by Caffe in the child
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH", "")]))
     argv = argv or [sys.executable, str(Path(__file__).resolve()), "--child", mode,
                     "--workdir", str(workdir), "--iters", str(iters)]
     log = workdir / f"{mode}.log"
@@ -440,8 +454,9 @@ def check_net(net: ZooNet, iters: int, comet: str, target: float, base: Path, ti
     for mode, block in (("off", None), ("on", comet)):
         (workdir / f"solver_{mode}.prototxt").write_text(
             solver_text(netfile, workdir / f"snap_{mode}", net.base_lr, block))
-    off = run_child("off", workdir, iters, timeout)
-    on = run_child("on", workdir, iters, timeout)
+    pythonpath = source_path(net, net.pythonpath) if net.pythonpath else None
+    off = run_child("off", workdir, iters, timeout, pythonpath=pythonpath)
+    on = run_child("on", workdir, iters, timeout, pythonpath=pythonpath)
     checks = compare(net, workdir, off, on, target)
     for f in workdir.glob("*_grads.npz"):
         f.unlink()  # up to 250 MB each (AlexNet)

@@ -317,14 +317,16 @@ def test_every_zoo_net_gets_its_inputs_at_any_batch(wf_pb2):
         for layer in built.layer:
             if layer.type == "DummyData":
                 made.update({t: list(s.dim) for t, s in zip(layer.top, layer.dummy_data_param.shape)})
-        assert set(made) == set(net.tops), net.name
+        own = {t for layer in param.layer if layer.type == "DummyData" for t in layer.top}
+        assert set(made) == set(net.tops) | own, net.name
+        assert all(made[t][0] == 3 for t in own), (net.name, made)  # a net's own DummyData at that batch too
         for top, spec in net.tops.items():
             want = [3] if spec[0] == "label" else [3, *spec[1]]
             if net.name != "resnet18_dogs":  # the zoo crops ResNet-18 to 112 to be quick; plan keeps 224
                 assert made[top] == want, (net.name, top, made[top])
         assert not any(layer.type in P.SOURCE_PARAM for layer in built.layer), net.name
-    # the nets without a crop size (CIFAR-10, MNIST) are the ones that need the shape
-    assert set(asked) == {"cifar10_quick", "cifar10_full", "lenet", "mnist_autoencoder", "siamese"}
+    # the nets without a crop size (CIFAR-10, MNIST) or an image (HDF5's features) are the ones that need the shape
+    assert set(asked) == {"cifar10_quick", "cifar10_full", "lenet", "mnist_autoencoder", "siamese", "hdf5_nonlinear"}
 
 
 FAKE_GPU_CAFFE = r'''

@@ -21,7 +21,7 @@ from cometctl.caffelog import parse_file
 from cometctl.cli import main
 from cometctl.errors import CometError
 
-from conftest import WF_REPO as REPO, WF_NEEDS_BUILD, wf_point_model_at
+from conftest import WF_REPO as REPO, WF_NEEDS_BUILD, held_by_another_process, wf_point_model_at
 
 
 def test_run_folder_holds_an_adjusted_copy_and_leaves_the_original_alone(tmp_path, wf_pb2, wf_synthetic):
@@ -64,6 +64,44 @@ def test_default_run_folder_name(wf_pb2, wf_synthetic, tmp_path, monkeypatch):
     real_exists = Path.exists
     monkeypatch.setattr(Path, "exists", lambda p: False if p.parent == tmp_path / "runs" else real_exists(p))
     assert tr.prepare_run(solver, cpu=True)[0].name == "20261205-120000-comet_tiny-7"
+
+
+def test_only_the_data_of_layers_caffe_builds_is_checked(tmp_path, wf_pb2, wf_synthetic):
+    """A TEST-phase data layer is read only when the solver tests (test_iter), a staged one only in the
+    stages the solver names: a missing source elsewhere does not stop the run, as it would not stop caffe."""
+    lmdb = wf_synthetic / "train_lmdb"
+
+    def data(name, source, rule=""):
+        return (f'layer {{ name: "{name}" type: "Data" top: "data" top: "label" {rule} '
+                f'data_param {{ source: "{source}" batch_size: 2 backend: LMDB }} }}\n')
+
+    (tmp_path / "net.prototxt").write_text(
+        data("train", lmdb, "include { phase: TRAIN }") + data("test", tmp_path / "no_test_lmdb", "include { phase: TEST }")
+        + data("extra", tmp_path / "no_extra_lmdb", 'include { phase: TRAIN stage: "extra" }')
+        + 'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }\n'
+        + 'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }\n')
+    base = f'net: "{tmp_path}/net.prototxt"\nmax_iter: 1\nbase_lr: 0.1\nlr_policy: "fixed"\n'
+    cases = {  # solver text -> the layer whose missing source stops it (None: the run folder is made)
+        "": None,
+        "test_iter: 1\ntest_interval: 1\n": "test",
+        'train_state { stage: "extra" }\n': "extra",
+        'test_iter: 1\ntest_interval: 1\ntest_state { stage: "x" }\n': "test",
+    }
+    for i, (extra, layer) in enumerate(cases.items()):
+        solver = tmp_path / f"solver{i}.prototxt"
+        solver.write_text(base + extra)
+        if layer is None:
+            run, _, _, _ = tr.prepare_run(solver, cpu=True, run_dir=tmp_path / f"run{i}")
+            assert (run / "train_val.prototxt").exists()
+        else:
+            with pytest.raises(CometError, match=f"layer '{layer}' needs .*no_{layer}_lmdb"):
+                tr.prepare_run(solver, cpu=True, run_dir=tmp_path / f"run{i}")
+            assert not (tmp_path / f"run{i}").exists()
+    # a dataset that a prepare-* command is writing now is not read half written
+    with held_by_another_process(wf_synthetic):
+        with pytest.raises(CometError, match=f"reads {lmdb}, and another cometctl command is preparing a dataset"):
+            tr.prepare_run(tmp_path / "solver0.prototxt", cpu=True, run_dir=tmp_path / "busy")
+    assert not (tmp_path / "busy").exists()
 
 
 def test_bad_requests_are_one_line_errors(tmp_path, wf_pb2, monkeypatch):
