@@ -114,6 +114,9 @@ class CometReadDescriber {
   virtual ~CometReadDescriber() {}
   virtual std::string Describe() const = 0;
   virtual bool InLayer() const { return false; }  // a layer's Forward or Backward reads
+  // ... in a forward that began after the first layer (pycaffe's net.forward(start=...)): what
+  // it finds freed is what the layers before its start left, not a gap in the plan.
+  virtual bool InForwardFromLater() const { return false; }
 };
 void CometSetReadContext(const CometReadDescriber* describer);
 void CometSetReadContext(const std::string& context);

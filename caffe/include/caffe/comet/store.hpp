@@ -122,6 +122,9 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   shared_ptr<Reader> reader_;
   int context_layer_, context_iter_;  // layer -1: outside a step (context_pass_ says where)
   const char* context_pass_;
+  // The layer this forward pass began at (0 in a training step; pycaffe's forward(start=...)
+  // begins later), and the last layer whose forward ran (-2 once a backward ran).
+  int forward_from_, last_forward_;
   bool measuring_;
   shared_ptr<CometWorker> worker_;        // NULL without comet { async }
   std::list<shared_ptr<Job> > jobs_;      // queued on the worker, not finished yet

@@ -655,6 +655,10 @@ std::string CometNum(double v) {
 }
 
 namespace {
+const char kLaterStart[] = ": a forward that begins after the layer that writes a blob finds "
+                           "what the last pass left of it; begin at that layer or earlier "
+                           "(net.forward() runs the whole net), or comet { ";
+
 // A read of memory the plan said nobody reads now: `state` says what the memory is, `reads`
 // how the reader came to it, `setting` what avoids it. Only a layer's read is the plan's to
 // foresee; pycaffe's or a tool's, between passes or after the store is gone, is the reader's.
@@ -665,6 +669,8 @@ void FatalUnforeseenRead(const std::string& state, const char* reads, const char
   } else if (!read_describer->InLayer()) {
     CometFatal(what + "; the next forward (backward, for a diff) writes it again, and comet { " +
                setting);
+  } else if (read_describer->InForwardFromLater()) {
+    CometFatal(what + kLaterStart + setting);
   } else {
     CometFatal(what + ". The plan did not foresee this read: report it with the net "
                "(docs/comet.md#layer-facts); comet { " + setting);
@@ -706,9 +712,10 @@ void CometRestore(SyncedMemory* mem) {
     return;
   }
   if (held.kind() == CometPayload::MASK) {
+    const bool later = read_describer && read_describer->InForwardFromLater();
     CometFatal("COMET: blob '" + held.name() + "' is held only as the signs of its values (a "
                "ReLU mask) until the next forward, and " + CometReadContext() + " reads its "
-               "values; comet { relu_masks: false } keeps them");
+               "values" + (later ? kLaterStart : "; comet { ") + "relu_masks: false } keeps them");
     return;
   }
   shared_ptr<CometPayload> p;

@@ -277,7 +277,8 @@ template <typename Dtype>
 CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param)
     : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
       stats_(net_, param_), context_layer_(-1), context_iter_(-1),
-      context_pass_("before the first training step"), measuring_(false), in_flight_(0),
+      context_pass_("before the first training step"), forward_from_(0), last_forward_(-2),
+      measuring_(false), in_flight_(0),
       max_in_flight_(0), tiled_gemm_(false), flushing_(false), float_mode_(0) {
   CheckSettings(param_, *net_);
   if (param_.async()) worker_.reset(new CometWorker());
@@ -654,6 +655,7 @@ namespace {
 // The reader of memory between two layers' passes: not a layer, so pycaffe (a net.forward() or
 // net.backward() of its own) or a tool.
 const char kBetweenLayers[] = "outside a layer's forward and backward (pycaffe or a tool)";
+const char kForward[] = "forward";
 }  // namespace
 
 template <typename Dtype>
@@ -667,6 +669,10 @@ class CometStore<Dtype>::Reader : public CometReadDescriber {
       os << "layer '" << s.net_->layer_names()[s.context_layer_] << "' ("
          << s.net_->layers()[s.context_layer_]->type() << ") " << s.context_pass_
          << ", iteration " << s.context_iter_;
+      if (InForwardFromLater()) {
+        os << ", in a forward that began at layer '" << s.net_->layer_names()[s.forward_from_]
+           << "' (pycaffe's net.forward(start=...))";
+      }
     } else if (s.context_iter_ >= 0) {
       os << s.context_pass_ << ", after iteration " << s.context_iter_;
     } else {
@@ -675,6 +681,9 @@ class CometStore<Dtype>::Reader : public CometReadDescriber {
     return os.str();
   }
   virtual bool InLayer() const { return store_->context_layer_ >= 0; }
+  virtual bool InForwardFromLater() const {
+    return InLayer() && store_->context_pass_ == kForward && store_->forward_from_ > 0;
+  }
 
  private:
   const CometStore<Dtype>* store_;
@@ -687,7 +696,9 @@ std::string CometStore<Dtype>::Plan() const {
 
 template <typename Dtype>
 void CometStore<Dtype>::BeforeForward(int layer) {
-  SetContext(layer, "forward");
+  if (layer == 0 || layer != last_forward_ + 1) forward_from_ = layer;
+  last_forward_ = layer;
+  SetContext(layer, kForward);
   if (layer == 0) {
     FinishAll();  // decodes started for a backward that stopped early
     seen_data_.clear();  // memory addresses are checked afresh every step
@@ -973,6 +984,7 @@ std::function<void(typename CometStore<Dtype>::Job*)> CometStore<Dtype>::Rebuild
 
 template <typename Dtype>
 void CometStore<Dtype>::BeforeBackward(int layer) {
+  last_forward_ = -2;
   SetContext(layer, "backward");
   if (worker_) {
     // Encodes left by a forward that stopped early; the decodes started for this layer.

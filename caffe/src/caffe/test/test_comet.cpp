@@ -2882,6 +2882,28 @@ TEST_F(CometStoreTest, AReadOfFreedMemoryIsAnErrorNamingBlobAndReader) {
   EXPECT_EQ(on->iter(), 2);
 }
 
+TEST_F(CometStoreTest, AForwardThatBeginsLaterSaysWhereToBegin) {
+  // pycaffe's net.forward(start='pool1') after a step (upstream's LeNet notebook does such
+  // forwards): pool1 reads conv1, which the step left as relu1's sign mask. That is the start's
+  // doing, not a gap in the plan: the message says where the forward began and what to do.
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  Run(on.get(), 1);
+  caffe::Net<float>* net = on->net().get();
+  const int pool1 = 3;
+  ASSERT_EQ(net->layer_names()[pool1], "pool1");
+  const std::string what = FatalMessageOf([&]() { net->ForwardFrom(pool1); });
+  EXPECT_NE(what.find("blob 'conv1' is held only as the signs"), std::string::npos) << what;
+  EXPECT_NE(what.find("layer 'pool1' (Pooling) forward, iteration 1, in a forward that began at "
+                      "layer 'pool1'"), std::string::npos) << what;
+  EXPECT_NE(what.find("begin at that layer or earlier"), std::string::npos) << what;
+  EXPECT_EQ(what.find("report it"), std::string::npos) << what;
+  // beginning at conv1 computes what pool1 reads; a whole forward and a step run as usual
+  net->ForwardFrom(1);
+  EXPECT_TRUE(std::isfinite(net->blob_by_name("loss")->cpu_data()[0]));
+  Run(on.get(), 1);
+  EXPECT_EQ(on->iter(), 2);
+}
+
 TEST_F(CometStoreTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
   CheckTheNetOutlivesItsSolver();
 }
