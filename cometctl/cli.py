@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -332,19 +333,21 @@ def plan(solver, cpu, gpu, memory, check, verify, json_out, synthetic_input, inp
     from .ui import console, counter
 
     total = 2 * len(set(measure)) + sum(len(modes) for _, modes in check) + (2 if verify else 0)
-    with counter("measuring", total) as advance:
-        started = []
+    with contextlib.ExitStack() as stack:
+        bar = []  # the progress bar starts with the first run: a refused request draws none
 
         def progress(text):
-            if started:
-                advance(1)
-            started.append(text)
-            advance(0, description=f"measuring: {text}")
+            if not bar:
+                bar.append(stack.enter_context(counter("measuring", total)))
+            else:
+                bar[0](1)
+            bar[0](0, description=f"measuring: {text}")
 
         result = make_plan(solver, cpu=cpu, gpu=gpu, memory=memory, check=check, synthetic=synthetic_input,
                            input_shapes=input_shape, measure_batches=measure, iters=iters, keep=keep,
                            progress=progress, verify=verify)
-        advance(1, description="measured")
+        if bar:
+            bar[0](1, description="measured")
     lines = render(result)
     if json_out:
         write_json(result, json_out)

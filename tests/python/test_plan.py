@@ -285,6 +285,7 @@ def test_bad_options_are_one_line(tmp_path):
                        (["--verify"], "give --memory too"), (["--cpu", "--gpu", "0"], "contradict")):
         r = _cometctl("plan", "--solver", str(TINY_SOLVER), "--synthetic-input", *args)
         assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "measuring" not in r.stdout + r.stderr, (args, r.stdout)  # no bar for a refused request
 
 
 def test_plan_explains_itself():
