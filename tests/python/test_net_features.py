@@ -1,8 +1,11 @@
 """Upstream Net features that decide what a backward pass reads, trained with the store on: a layer's
 `propagate_down: false`, `loss_weight` on a top that another layer also reads (Caffe inserts a Split
 and keeps the weight in that top's diff), a Reduction used as a loss, Sigmoid and in-place TanH feeding
-Eltwise PROD and MAX, Accuracy, ArgMax and Silence in TRAIN, and `force_backward: true` with pycaffe's
-`net.backward()` for the gradient of the input (saliency maps).
+Eltwise PROD and MAX, Accuracy, ArgMax and Silence in TRAIN, Deconvolution and Crop into a Euclidean
+loss, BatchNorm with an in-place Scale and a Bias layer, PReLU, ELU, AbsVal, Power, BNLL, Clip and Swish
+into a weighted Eltwise SUM, Slice/Concat/Flatten/Reshape, average, padded max and pyramid pooling, two
+losses (SigmoidCrossEntropy on a Threshold of the label, Hinge); each also with `force_backward: true`
+and pycaffe's `net.backward()` for the gradient of the input (saliency maps).
 
 Each net trains 3 steps COMET off, with a lossless store (`compress_type: "None"`: every blob the
 plan keeps, frees or masks must give the same bits) and with a lossy one (FIXED 1e-3), then pycaffe
@@ -67,7 +70,50 @@ NETS = {
     + 'layer { name: "acc" type: "Accuracy" bottom: "out" bottom: "label" top: "acc" }\n'
     + 'layer { name: "am" type: "ArgMax" bottom: "out" top: "am" propagate_down: false }\n'
     + 'layer { name: "sil" type: "Silence" bottom: "am" }\n' + LOSS,
+    "deconvolution_crop_euclidean": DATA + conv("c1", "data") + relu("r1", "c1")
+    + 'layer { name: "pool" type: "Pooling" bottom: "c1" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }\n'
+    + 'layer { name: "up" type: "Deconvolution" bottom: "pool" top: "up" convolution_param { num_output: 3 '
+      'kernel_size: 4 stride: 2 weight_filler { type: "gaussian" std: 0.1 } } }\n'
+    + 'layer { name: "crop" type: "Crop" bottom: "up" bottom: "data" top: "crop" crop_param { axis: 2 offset: 1 } }\n'
+    + 'layer { name: "rec" type: "EuclideanLoss" bottom: "crop" bottom: "data" top: "rec" }\n'
+    + 'layer { name: "sil" type: "Silence" bottom: "label" }\n',
+    "batchnorm_scale_bias": DATA + conv("c1", "data")
+    + 'layer { name: "bn" type: "BatchNorm" bottom: "c1" top: "c1" }\n'
+    + 'layer { name: "sc" type: "Scale" bottom: "c1" top: "c1" scale_param { bias_term: true '
+      'filler { type: "constant" value: 1.5 } bias_filler { type: "constant" value: 0.2 } } }\n'
+    + relu("r1", "c1") + conv("c2", "c1")
+    + 'layer { name: "b" type: "Bias" bottom: "c2" top: "c2b" bias_param { filler { type: "constant" value: 0.3 } } }\n'
+    + ip("out", "c2b") + LOSS,
+    "elementwise_activations": DATA + conv("c1", "data")
+    + 'layer { name: "pr" type: "PReLU" bottom: "c1" top: "c1" }\n' + conv("c2", "c1")
+    + 'layer { name: "elu" type: "ELU" bottom: "c2" top: "c2" }\n'
+    + 'layer { name: "abs" type: "AbsVal" bottom: "c2" top: "abs" }\n'
+    + 'layer { name: "pow" type: "Power" bottom: "abs" top: "pow" power_param { power: 2 scale: 0.5 shift: 1 } }\n'
+    + 'layer { name: "bnll" type: "BNLL" bottom: "c2" top: "bnll" }\n'
+    + 'layer { name: "clip" type: "Clip" bottom: "c1" top: "clip" clip_param { min: -0.5 max: 0.5 } }\n'
+    + 'layer { name: "sw" type: "Swish" bottom: "clip" top: "sw" }\n'
+    + 'layer { name: "sum" type: "Eltwise" bottom: "pow" bottom: "bnll" bottom: "sw" top: "sum" '
+      'eltwise_param { operation: SUM coeff: 1 coeff: -1 coeff: 2 } }\n' + ip("out", "sum") + LOSS,
+    "slice_concat_flatten_reshape": DATA + conv("c1", "data") + relu("r1", "c1")
+    + 'layer { name: "sl" type: "Slice" bottom: "c1" top: "a" top: "b" slice_param { axis: 1 slice_point: 3 } }\n'
+    + 'layer { name: "cat" type: "Concat" bottom: "b" bottom: "a" top: "cat" }\n'
+    + 'layer { name: "fl" type: "Flatten" bottom: "cat" top: "fl" }\n'
+    + 'layer { name: "rs" type: "Reshape" bottom: "fl" top: "rs" reshape_param { shape { dim: 0 dim: 8 dim: -1 } } }\n'
+    + ip("out", "rs") + LOSS,
+    "average_padded_max_and_pyramid_pooling": DATA + conv("c1", "data") + relu("r1", "c1")
+    + 'layer { name: "ave" type: "Pooling" bottom: "c1" top: "ave" pooling_param { pool: AVE kernel_size: 3 stride: 1 } }\n'
+    + conv("c2", "ave") + relu("r2", "c2")
+    + 'layer { name: "mx" type: "Pooling" bottom: "c2" top: "mx" pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 } }\n'
+    + 'layer { name: "spp" type: "SPP" bottom: "mx" top: "spp" spp_param { pyramid_height: 2 } }\n'
+    + ip("out", "spp") + LOSS,
+    "two_losses_sigmoid_cross_entropy_and_hinge": DATA + conv("c1", "data") + relu("r1", "c1") + ip("out", "c1")
+    + ip("logit", "c1", 1)
+    + 'layer { name: "pos" type: "Threshold" bottom: "label" top: "pos" threshold_param { threshold: 2.5 } }\n'
+    + 'layer { name: "sce" type: "SigmoidCrossEntropyLoss" bottom: "logit" bottom: "pos" top: "sce" loss_weight: 0.5 }\n'
+    + 'layer { name: "hinge" type: "HingeLoss" bottom: "out" bottom: "label" top: "hinge" }\n',
 }
+
+NO_FORCED_BACKWARD = {"accuracy_argmax_silence_in_train": "ArgMax", "two_losses_sigmoid_cross_entropy_and_hinge": "Threshold"}
 
 CHILD = r"""
 import json, sys
@@ -107,12 +153,14 @@ def _train(folder, comet: str, name: str) -> dict:
 def test_the_store_keeps_what_each_backward_reads(tmp_path, net, force_backward):
     import numpy as np
 
-    if force_backward and "argmax" in net:
-        pytest.skip("upstream's ArgMax has no backward; force_backward makes Caffe call it")
+    if force_backward and net in NO_FORCED_BACKWARD:
+        pytest.skip(f"upstream's {NO_FORCED_BACKWARD[net]} has no backward; force_backward makes Caffe call it")
     (tmp_path / "net.prototxt").write_text(("force_backward: true\n" if force_backward else "") + NETS[net])
     off = _train(tmp_path, "off", "off")
     exact = _train(tmp_path, 'compress_type: "None" update_interval: 1', "exact")
     lossy = _train(tmp_path, "eb_mode: FIXED error_bound: 1e-3", "lossy")
+    assert all(np.isfinite(v).all() for step in off["steps"] for v in step.values())
+    assert all(np.isfinite(g).all() for g in off["grads"].values())
     assert exact["steps"] == off["steps"]
     assert exact["grads"] == off["grads"]
     for a, b in zip(off["steps"], lossy["steps"]):
