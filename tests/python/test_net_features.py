@@ -4,7 +4,8 @@ and keeps the weight in that top's diff), a Reduction used as a loss, Sigmoid an
 Eltwise PROD and MAX, Accuracy, ArgMax and Silence in TRAIN, Deconvolution and Crop into a Euclidean
 loss, BatchNorm with an in-place Scale and a Bias layer, PReLU, ELU, AbsVal, Power, BNLL, Clip and Swish
 into a weighted Eltwise SUM, Slice/Concat/Flatten/Reshape, average, padded max and pyramid pooling, two
-losses (SigmoidCrossEntropy on a Threshold of the label, Hinge); each also with `force_backward: true`
+losses (SigmoidCrossEntropy on a Threshold of the label, Hinge), an LSTM (a class without a fact row:
+its blobs stay dense) between an InnerProduct and a loss; each also with `force_backward: true`
 and pycaffe's `net.backward()` for the gradient of the input (saliency maps).
 
 Each net trains 3 steps COMET off, with a lossless store (`compress_type: "None"`: every blob the
@@ -46,9 +47,9 @@ def relu(name, blob, top=None):
     return f'layer {{ name: "{name}" type: "ReLU" bottom: "{blob}" top: "{top or blob}" }}\n'
 
 
-def ip(name, bottom, n=5, extra=""):
+def ip(name, bottom, n=5, extra="", param=""):
     return (f'layer {{ name: "{name}" type: "InnerProduct" bottom: "{bottom}" top: "{name}" {extra} '
-            f'inner_product_param {{ num_output: {n} weight_filler {{ type: "gaussian" std: 0.1 }} }} }}\n')
+            f'inner_product_param {{ num_output: {n} {param} weight_filler {{ type: "gaussian" std: 0.1 }} }} }}\n')
 
 
 NETS = {
@@ -111,6 +112,15 @@ NETS = {
     + 'layer { name: "pos" type: "Threshold" bottom: "label" top: "pos" threshold_param { threshold: 2.5 } }\n'
     + 'layer { name: "sce" type: "SigmoidCrossEntropyLoss" bottom: "logit" bottom: "pos" top: "sce" loss_weight: 0.5 }\n'
     + 'layer { name: "hinge" type: "HingeLoss" bottom: "out" bottom: "label" top: "hinge" }\n',
+    "lstm_without_a_fact_row": 'layer { name: "seq" type: "DummyData" top: "x" top: "cont" dummy_data_param { '
+      'shape { dim: 3 dim: 2 dim: 4 } shape { dim: 3 dim: 2 } data_filler { type: "gaussian" std: 1 } '
+      'data_filler { type: "constant" value: 1 } } }\n'
+    + ip("emb", "x", 6, param="axis: 2")
+    + relu("re", "emb")
+    + 'layer { name: "lstm" type: "LSTM" bottom: "emb" bottom: "cont" top: "h" recurrent_param { num_output: 5 '
+      'weight_filler { type: "uniform" min: -0.3 max: 0.3 } } }\n'
+    + 'layer { name: "l2" type: "Reduction" bottom: "h" top: "l2" reduction_param { operation: SUMSQ } }\n'
+    + 'layer { name: "pw" type: "Power" bottom: "l2" top: "pw" power_param { scale: -1 } loss_weight: 1 }\n',
 }
 
 NO_FORCED_BACKWARD = {"accuracy_argmax_silence_in_train": "ArgMax", "two_losses_sigmoid_cross_entropy_and_hinge": "Threshold"}
@@ -136,7 +146,7 @@ caffe.set_random_seed(7)
 solver.net.forward()
 solver.net.backward()
 grads = {k: np.concatenate([p.diff.ravel() for p in v]).tolist() for k, v in solver.net.params.items()}
-grads["input"] = solver.net.blobs["data"].diff.ravel().tolist()
+grads["input"] = solver.net.blobs["data" if "data" in solver.net.blobs else "x"].diff.ravel().tolist()
 json.dump({"steps": steps, "grads": grads}, open(folder + "/" + sys.argv[4] + ".json", "w"))
 """
 
