@@ -60,14 +60,16 @@ const size_t kMaxPiecesPerBlock = 256;
 // first H200 run allocated and freed about 45 blocks a CaffeNet step (cudaFree synchronizes).
 // So device blocks come in sizes rounded up (BlockBytes: 2 MiB steps from 1 MiB on, which is
 // cudaMalloc's own granularity there), and a request takes the smallest cached block that holds
-// it with at most an eighth of it, or one rounding step, of waste (Fits).
+// it with at most an eighth of it, or one rounding step, of waste (Fits). A device request that no
+// cached block serves makes room first (MakeRoom): the cache is trimmed before the new block is
+// allocated, not after, so the device never holds the full cache and the new block at once.
 class BlockPool {
  public:
   typedef std::pair<int, size_t> Key;
   typedef void (*FreeFn)(void* ptr, size_t size);
   BlockPool(FreeFn free_fn, bool movable_pages)
-      : enabled(0), headroom(0), in_use(0), cached(0), peak_in_use(0), hits(0), misses(0),
-        evicted(0), free_fn_(free_fn), movable_pages_(movable_pages) {}
+      : enabled(0), headroom(0), in_use(0), cached(0), peak_in_use(0), peak_held(0), hits(0),
+        misses(0), evicted(0), free_fn_(free_fn), movable_pages_(movable_pages) {}
 
   static size_t RoundingStep(size_t size) {
     return size >= (size_t(1) << 20) ? size_t(2) << 20 : 512;
@@ -105,7 +107,15 @@ class BlockPool {
     }
     in_use += size;
     peak_in_use = std::max(peak_in_use, in_use);
+    peak_held = std::max(peak_held, in_use + cached);  // before Trim: what the device held
     Trim();
+  }
+  // A request no cached block serves: cached blocks go (furthest next use first) until they and
+  // a new block of `bytes` fit under the cap that the new block's use makes.
+  void MakeRoom(size_t bytes) {
+    const size_t peak = std::max(peak_in_use, in_use + bytes);
+    const size_t cap = peak + static_cast<size_t>(headroom * peak);
+    while (!lru_.empty() && in_use + cached + bytes > cap) Evict(Victim());
   }
   // Takes back a block the pool handed out (key: its device and the size asked for): cached, or
   // freed when the pool is off. False for any other block, which the caller frees itself.
@@ -136,7 +146,7 @@ class BlockPool {
   void Disable() {
     headroom = 0;
     ReleaseCached();
-    peak_in_use = in_use;
+    peak_in_use = peak_held = in_use;
     requests_.clear();
     last_step_.clear();
   }
@@ -146,14 +156,16 @@ class BlockPool {
     requests_.clear();
   }
   CometPoolStats Stats() const {
-    CometPoolStats s = {in_use, cached, peak_in_use, hits, misses, evicted};
+    CometPoolStats s = {in_use, cached, peak_in_use, peak_held, hits, misses, evicted};
     return s;
   }
 
   boost::mutex mutex;
   int enabled;
   double headroom;  // the cache may reach (1 + headroom) x the peak in use
-  size_t in_use, cached, peak_in_use, hits, misses, evicted;
+  size_t in_use, cached, peak_in_use;
+  size_t peak_held;  // the most in use and cached together (what the process or device held)
+  size_t hits, misses, evicted;
 
  private:
   struct Block {
@@ -206,12 +218,12 @@ class BlockPool {
   }
   void Trim() {
     const size_t cap = peak_in_use + static_cast<size_t>(headroom * peak_in_use);
-    while (!lru_.empty() && in_use + cached > cap) {
-      std::list<Block>::iterator victim = Victim();
-      free_fn_(victim->ptr, victim->key.second);
-      Uncache(victim);
-      ++evicted;
-    }
+    while (!lru_.empty() && in_use + cached > cap) Evict(Victim());
+  }
+  void Evict(std::list<Block>::iterator victim) {
+    free_fn_(victim->ptr, victim->key.second);
+    Uncache(victim);
+    ++evicted;
   }
   // A new range for key filled with cached pages as far as they go (the rest is new memory);
   // a cached block used in part stays cached as its remainder.

@@ -52,6 +52,7 @@ void CometFillNext(const SyncedMemory* mem);
 
 struct CometPoolStats {
   size_t in_use, cached, peak_in_use;  // bytes
+  size_t peak_held;                    // the most in use and cached at once, bytes
   size_t hits, misses, evicted;        // allocations served from the pool, not; blocks freed
 };
 CometPoolStats CometGpuPoolQuery();

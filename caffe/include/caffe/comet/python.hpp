@@ -18,7 +18,7 @@ static const bool comet_python_init = (CometSetFatalThrows(true), FLAGS_log_year
 // The figures of the last display interval: {'iter', 'layers': [{layer, blob, kind, ratio, eb,
 // ms, dense_bytes, stored_bytes}], 'bounds': {layer: eb}, 'memory': {'current': {kind: bytes},
 // 'peak': {...}, 'at_peak': {...}, 'peak_total': bytes}, 'pool': {reused, allocated, returned,
-// cached, in_use, peak_in_use} (with memory_pool)}; None when COMET is off.
+// cached, in_use, peak_in_use, peak_held} (with memory_pool)}; None when COMET is off.
 template <typename Dtype>
 boost::python::object CometStatsDict(Solver<Dtype>* solver) {
   namespace bp = boost::python;
@@ -70,6 +70,7 @@ boost::python::object CometStatsDict(Solver<Dtype>* solver) {
     pool["cached"] = ps.cached;
     pool["in_use"] = ps.in_use;
     pool["peak_in_use"] = ps.peak_in_use;
+    pool["peak_held"] = ps.peak_held;
     out["pool"] = pool;
   }
   return out;

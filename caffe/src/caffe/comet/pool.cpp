@@ -166,6 +166,7 @@ void CometGpuMalloc(void** ptr, size_t size) {
   boost::mutex::scoped_lock lock(pool.mutex);
   if (pool.enabled && (*ptr = pool.Take(BlockPool::Key(device, size)))) return;
   const size_t bytes = pool.enabled ? pool.BlockBytes(size) : size;
+  if (pool.enabled) pool.MakeRoom(bytes);  // cached blocks go before, not after, cudaMalloc
   cudaError_t err = cudaMalloc(ptr, bytes);
   if (err == cudaErrorMemoryAllocation && pool.cached) {
     cudaGetLastError();  // clear it, give this device's cache back and try once more
@@ -184,12 +185,13 @@ void CometGpuFree(void* ptr, size_t size) {
 }
 
 CometPoolStats CometGpuPoolQuery() {  // all devices together
-  CometPoolStats total = {0, 0, 0, 0, 0, 0};
+  CometPoolStats total = {0, 0, 0, 0, 0, 0, 0};
   ForEachGpuPool([&total](BlockPool& pool) {
     const CometPoolStats s = pool.Stats();
     total.in_use += s.in_use;
     total.cached += s.cached;
     total.peak_in_use += s.peak_in_use;
+    total.peak_held += s.peak_held;
     total.hits += s.hits;
     total.misses += s.misses;
     total.evicted += s.evicted;
@@ -201,7 +203,7 @@ void CometGpuPoolEnable(bool) {}
 void CometGpuMalloc(void**, size_t) { NO_GPU; }  // never reached: no device payload here
 void CometGpuFree(void*, size_t) { NO_GPU; }
 CometPoolStats CometGpuPoolQuery() {
-  CometPoolStats s = {0, 0, 0, 0, 0, 0};
+  CometPoolStats s = {0, 0, 0, 0, 0, 0, 0};
   return s;
 }
 #endif  // CPU_ONLY

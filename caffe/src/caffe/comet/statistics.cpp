@@ -197,7 +197,9 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
   if (param_.memory_pool()) {
     const CometPoolStats pool = CometPoolQuery();
     LOG(INFO) << "COMET memory pool: reused " << pool.hits << ", allocated " << pool.misses
-              << ", returned " << pool.evicted << ", cached " << FormatBytes(pool.cached);
+              << ", returned " << pool.evicted << ", cached " << FormatBytes(pool.cached)
+              << ", held at most " << FormatBytes(pool.peak_held) << " (in use at most "
+              << FormatBytes(pool.peak_in_use) << ")";
   }
   if (csv_.is_open()) {
     csv_ << iter << ",total,," << "total" << "," << (stored > 0 ? dense / stored : 0) << ",,,"

@@ -1523,11 +1523,41 @@ std::vector<void*> fake_blocks_freed;
 void FakeFree(void* ptr, size_t) { fake_blocks_freed.push_back(ptr); }
 void* FakeBlock(int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(i) << 24); }
 
-// What CometGpuMalloc does: a cached block, or a new one of the pool's rounded size.
+// What CometGpuMalloc does: a cached block, or room made and a new one of the pool's rounded size.
 void* DeviceTake(BlockPool* pool, size_t size, int* next) {
   void* p = pool->Take(BlockPool::Key(0, size));
-  if (!p) pool->Track(p = FakeBlock((*next)++), pool->BlockBytes(size));
+  if (!p) {
+    pool->MakeRoom(pool->BlockBytes(size));
+    pool->Track(p = FakeBlock((*next)++), pool->BlockBytes(size));
+  }
   return p;
+}
+
+// A request that no cached block serves: the cache gives up blocks before the new one is
+// allocated, so the device never holds the whole cache and the new block at once.
+TEST_F(CometPayloadTest, SizedPoolMakesRoomBeforeANewBlock) {
+  const size_t mb = 1 << 20;
+  const size_t sizes[3] = {16 * mb, 8 * mb, 20 * mb};  // the third fits no cached block
+  for (int make_room = 0; make_room < 2; ++make_room) {
+    BlockPool pool(FakeFree, false);
+    pool.enabled = 1;
+    int next = 1;
+    void* a = DeviceTake(&pool, sizes[0], &next);
+    void* b = DeviceTake(&pool, sizes[1], &next);
+    pool.Give(a, BlockPool::Key(0, sizes[0]));
+    pool.Give(b, BlockPool::Key(0, sizes[1]));
+    EXPECT_EQ(pool.cached, 24 * mb);
+    EXPECT_TRUE(pool.Take(BlockPool::Key(0, sizes[2])) == NULL);
+    if (make_room) pool.MakeRoom(sizes[2]);  // what CometGpuMalloc does now
+    pool.Track(FakeBlock(next++), sizes[2]);
+    EXPECT_EQ(pool.peak_in_use, 24 * mb);
+    EXPECT_EQ(pool.in_use + pool.cached, 20 * mb);  // after the trim, either way
+    if (make_room) {
+      EXPECT_EQ(pool.peak_held, 24 * mb);  // never more than the peak in use
+    } else {
+      EXPECT_EQ(pool.peak_held, 44 * mb);  // the cache and the new block: what the device held
+    }
+  }
 }
 
 TEST_F(CometPayloadTest, SizedPoolHeadroomKeepsMoreAboveThePeak) {
@@ -1615,6 +1645,7 @@ TEST_F(CometPayloadTest, SizedPoolReusesBlocksWhoseSizesJitter) {
   }
   EXPECT_LE(missed, asked / 20) << "of " << asked << " requests";
   EXPECT_LE(evicted, asked / 20);
+  EXPECT_LE(pool.peak_held, pool.peak_in_use);  // misses made room first
   // What the rounding and the slack cost: the streams and one scratch, at most 30% more.
   const size_t dense = scratch + static_cast<size_t>(1.06 * (streams[0] + streams[1] + streams[2]));
   EXPECT_LE(pool.peak_in_use, dense + dense * 3 / 10);
