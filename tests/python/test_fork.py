@@ -186,8 +186,9 @@ print(json.dumps(solver.comet_stats()))
     assert by_blob["conv1"]["ratio"] == pytest.approx(32.0, rel=0.05)
     assert stats["bounds"]["fc1"] == pytest.approx(1e-2)
     assert stats["memory"]["peak_total"] > 0
-    assert set(stats["pool"]) == {"reused", "allocated", "returned", "cached", "in_use", "peak_in_use"}
+    assert set(stats["pool"]) == {"reused", "allocated", "returned", "cached", "in_use", "peak_in_use", "peak_held"}
     assert stats["pool"]["in_use"] + stats["pool"]["cached"] <= stats["pool"]["peak_in_use"]
+    assert stats["pool"]["peak_in_use"] <= stats["pool"]["peak_held"] <= stats["pool"]["peak_in_use"] * 1.001
 
 
 @pytest.mark.parametrize("comet", ["comet { eb_mode: FIXED error_bound: 1e-2 }", ""], ids=["comet-on", "comet-off"])
