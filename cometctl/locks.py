@@ -62,5 +62,7 @@ def busy(folder: Path) -> bool:
         return False
     except BlockingIOError:
         return True
+    except OSError:  # a file system without flock: nobody can hold it there either
+        return False
     finally:
         os.close(fd)
