@@ -37,6 +37,8 @@ def folder_lock(folder: Path, doing: str):
         except BlockingIOError:
             raise CometError(f"{folder}: another cometctl command is {doing} there; wait for it to finish "
                              f"(two at once would mix their outputs)") from None
+        except OSError:  # a file system without flock (some network ones): go on unguarded, as before locks
+            pass
         _held.add(key)
         try:
             yield

@@ -314,3 +314,20 @@ def test_cli_help_explains():
     text = " ".join(r.output.split()).lower()
     for word in ("one folder per class", "train/", "zip", "--val-fraction", "--size", "--jobs", "resumable"):
         assert word in text, word
+
+
+def test_a_file_system_without_flock_goes_on_unguarded(tmp_path, monkeypatch):
+    """flock(2) fails with ENOLCK on some network file systems: the lock and the train-side check go
+    on rather than stopping with a traceback."""
+    import errno
+
+    from cometctl import locks
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(locks.fcntl, "flock", no_flock)
+    with locks.folder_lock(tmp_path / "data", "preparing a dataset"):
+        (tmp_path / "data" / "x").write_text("written")
+    assert (tmp_path / "data" / "x").exists()
+    assert locks.busy(tmp_path / "data") is False
