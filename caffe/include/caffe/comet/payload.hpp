@@ -80,6 +80,9 @@ class CometPayload {
   std::vector<float> channel_scale, channel_bias;
   size_t inner;                  // values per channel and image
   float negative_slope;          // ReLU's, where the sign mask is 0
+  // RELEASED: the comet { } setting that would have kept it, for the message of a read
+  // (empty: release_unused and release_diffs). E.g. "keep_compressed: true".
+  std::string kept_by;
 
  private:
   Kind kind_;
@@ -131,7 +134,8 @@ std::string CometNum(double v);
 
 // Frees mem's dense buffers and marks them released (see CometPayload::RELEASED); `what` says
 // which memory it is, for the error ("data of blob 'fc8'").
-void CometMarkReleased(SyncedMemory* mem, const std::string& what);
+void CometMarkReleased(SyncedMemory* mem, const std::string& what,
+                       const std::string& kept_by = "");
 // Marks memory the store freed (head UNINITIALIZED, no payload or a RELEASED marker) as filled
 // whole by its next writer (CometPayload::FILL); anything else is left as it is.
 void CometMarkFill(SyncedMemory* mem);

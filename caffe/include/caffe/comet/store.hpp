@@ -133,6 +133,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   // CPU: the step (on_start to on_gradients_ready) runs with denormals flushed to zero
   // (float_mode.hpp); the thread's mode before it, given back after.
   bool flushing_;
+  bool in_step_;  // between on_start and on_gradients_ready: a solver step (keep_compressed)
   unsigned float_mode_;
 };
 

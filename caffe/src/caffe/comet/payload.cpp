@@ -498,10 +498,11 @@ bool DecodeMask(const CometPayload& p, float* out, bool apply_signs, std::string
 size_t CometEncoderHeldBytes() { return host_scratch_bytes.load(); }
 size_t CometTakeTransientPeak() { return transient_peak.exchange(0); }
 
-void CometMarkReleased(SyncedMemory* mem, const std::string& what) {
+void CometMarkReleased(SyncedMemory* mem, const std::string& what, const std::string& kept_by) {
   mem->comet_release();
   mem->comet_payload().reset(new CometPayload(CometPayload::RELEASED, false,
                                               mem->size() / sizeof(float), what));
+  mem->comet_payload()->kept_by = kept_by;
 }
 
 void CometMarkFill(SyncedMemory* mem) {
@@ -662,7 +663,8 @@ const char kLaterStart[] = ": a forward that begins after the layer that writes 
 // A read of memory the plan said nobody reads now: `state` says what the memory is, `reads`
 // how the reader came to it, `setting` what avoids it. Only a layer's read is the plan's to
 // foresee; pycaffe's or a tool's, between passes or after the store is gone, is the reader's.
-void FatalUnforeseenRead(const std::string& state, const char* reads, const char* setting) {
+void FatalUnforeseenRead(const std::string& state, const char* reads,
+                         const std::string& setting) {
   const std::string what = "COMET: " + state + ", and " + CometReadContext() + " " + reads;
   if (!read_describer) {  // no store runs the net now (its solver is gone, a tool, a test)
     CometFatal(what + "; the next forward (backward, for a diff) writes it again");
@@ -703,7 +705,8 @@ void CometRestore(SyncedMemory* mem) {
     // The payload stays attached: every later read fails the same way until a forward writes it.
     FatalUnforeseenRead("the " + held.name() + " was freed after its last use in the training "
                         "step", "reads it",
-                        "release_unused: false release_diffs: false } keeps such memory");
+                        (held.kept_by.empty() ? "release_unused: false release_diffs: false"
+                                              : held.kept_by) + " } keeps such memory");
     return;
   }
   if (held.kind() == CometPayload::IN_FLIGHT) {

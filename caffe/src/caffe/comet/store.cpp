@@ -279,7 +279,7 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
       stats_(net_, param_), context_layer_(-1), context_iter_(-1),
       context_pass_("before the first training step"), forward_from_(0), last_forward_(-2),
       measuring_(false), in_flight_(0),
-      max_in_flight_(0), tiled_gemm_(false), flushing_(false), float_mode_(0) {
+      max_in_flight_(0), tiled_gemm_(false), flushing_(false), in_step_(false), float_mode_(0) {
   CheckSettings(param_, *net_);
   if (param_.async()) worker_.reset(new CometWorker());
   const bool cpu = Caffe::mode() == Caffe::CPU;
@@ -1117,7 +1117,26 @@ void CometStore<Dtype>::AfterBackward(int layer) {
       continue;
     }
     SyncedMemory* mem = EntryMemory(e);
-    if (!mem->comet_can_release() || mem->comet_payload() || !e.stored) continue;
+    if (!mem->comet_can_release() || !e.stored) continue;
+    // In a step, what the store holds goes with the last reader (keep_compressed: until the
+    // next forward, for a second Backward() or a read after the step).
+    const bool drop = in_step_ && !param_.keep_compressed();
+    if (mem->comet_payload()) {  // not decoded: a mask read from the payload, codes, ...
+      if (drop && mem->comet_payload() == e.stored) {
+        CometMarkReleased(mem, e.layer >= 0 ? "buffer '" + e.blob + "'"
+                                            : "data of blob '" + e.blob + "'",
+                          "keep_compressed: true");
+        e.stored.reset();
+      }
+      continue;
+    }
+    if (drop) {
+      CometMarkReleased(mem, e.layer >= 0 ? "buffer '" + e.blob + "'"
+                                          : "data of blob '" + e.blob + "'",
+                        "keep_compressed: true");
+      e.stored.reset();
+      continue;
+    }
     mem->comet_release();  // decoded for backward; the compressed copy goes back on
     mem->comet_payload() = e.stored;
   }
@@ -1141,6 +1160,7 @@ void CometStore<Dtype>::Sample() {
 
 template <typename Dtype>
 void CometStore<Dtype>::on_start() {
+  in_step_ = true;
   const int iter = solver_->iter();
   // Measure the error estimate on the iterations where the bounds are revisited.
   measuring_ = param_.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE &&
@@ -1162,6 +1182,7 @@ void CometStore<Dtype>::StopFlushing() {
 
 template <typename Dtype>
 void CometStore<Dtype>::on_gradients_ready() {
+  in_step_ = false;
   FinishAll();  // decodes started for readers that did not come (a backward stopped early)
   measuring_ = false;
   StopFlushing();

@@ -1809,8 +1809,9 @@ class CometStoreTest : public ::testing::Test {
     SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-3 }")->Step(1);
     EXPECT_EQ(CometNetCallbacks<float>::NetsHolding(), before);
 
+    // keep_compressed: what the store held after the step is still on the net
     shared_ptr<Solver<float> > solver =
-        SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-3 }");
+        SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-3 keep_compressed: true }");
     Run(solver.get(), 2);
     shared_ptr<caffe::Net<float> > kept = solver->net();
     solver.reset();
@@ -1898,7 +1899,9 @@ class CometStoreTest : public ::testing::Test {
         "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
         "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
     shared_ptr<Solver<float> > off = SolverFor(net, "");
-    shared_ptr<Solver<float> > on = SolverFor(net, "comet { compress_type: 'None' }");
+    // keep_compressed: the codes stay after the step, where the test looks at them
+    shared_ptr<Solver<float> > on =
+        SolverFor(net, "comet { compress_type: 'None' keep_compressed: true }");
     const int batches[] = {8, 5, 8, 3};
     for (int step = 0; step < 4; ++step) {
       for (int k = 0; k < 2; ++k) {
@@ -2886,7 +2889,8 @@ TEST_F(CometStoreTest, SecondBackwardSeesTheStoredActivationsAgain) {
 
 TEST_F(CometStoreTest, AReadOfFreedMemoryIsAnErrorNamingBlobAndReader) {
   ::testing::FLAGS_gtest_death_test_style = "threadsafe";
-  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  shared_ptr<Solver<float> > on =
+      MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 keep_compressed: true }");
   Run(on.get(), 1);
   // ip1 is read by the loss in forward only: freed after it. Reading it later is an error that
   // says what was freed and who read it (pycaffe: a RuntimeError), never zeros.
@@ -2917,7 +2921,8 @@ TEST_F(CometStoreTest, AForwardThatBeginsLaterSaysWhereToBegin) {
   // pycaffe's net.forward(start='pool1') after a step (upstream's LeNet notebook does such
   // forwards): pool1 reads conv1, which the step left as relu1's sign mask. That is the start's
   // doing, not a gap in the plan: the message says where the forward began and what to do.
-  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  shared_ptr<Solver<float> > on =
+      MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 keep_compressed: true }");
   Run(on.get(), 1);
   caffe::Net<float>* net = on->net().get();
   const int pool1 = 3;
@@ -2933,6 +2938,37 @@ TEST_F(CometStoreTest, AForwardThatBeginsLaterSaysWhereToBegin) {
   EXPECT_TRUE(std::isfinite(net->blob_by_name("loss")->cpu_data()[0]));
   Run(on.get(), 1);
   EXPECT_EQ(on->iter(), 2);
+}
+
+TEST_F(CometStoreTest, WhatTheStoreHeldGoesWithTheLastBackwardReader) {
+  // In a training step each blob's compressed copy (mask, codes) goes once its last backward
+  // reader has run: later layers' copies are not held through the rest of the backward pass.
+  // keep_compressed keeps them until the next forward, for reads after the step.
+  shared_ptr<Solver<float> > drop = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  shared_ptr<Solver<float> > keep =
+      MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 keep_compressed: true }");
+  Run(drop.get(), 3);
+  Run(keep.get(), 3);
+  const std::vector<float> a = Params(drop.get()), b = Params(keep.get());
+  ASSERT_EQ(a.size(), b.size());
+  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param value " << i;  // same step
+  const std::string what =
+      FatalMessageOf([&]() { drop->net()->blob_by_name("pool1")->cpu_data(); });
+  EXPECT_NE(what.find("data of blob 'pool1' was freed after its last use"), std::string::npos)
+      << what;
+  EXPECT_NE(what.find("keep_compressed: true } keeps such memory"), std::string::npos) << what;
+  const shared_ptr<CometPayload>& held =
+      keep->net()->blob_by_name("pool1")->data()->comet_payload();
+  ASSERT_TRUE(held.get() != NULL);
+  EXPECT_EQ(held->kind(), CometPayload::LOSSY);
+  EXPECT_TRUE(std::isfinite(keep->net()->blob_by_name("pool1")->cpu_data()[0]));  // decodes
+  // at the end of the backward pass (the store's last sample) nothing compressed is held
+  EXPECT_EQ(drop->comet()->memory().current[CometMemory::COMPRESSED], 0u);
+  EXPECT_GT(keep->comet()->memory().current[CometMemory::COMPRESSED], 0u);
+  // pycaffe's own forward and backward, outside a step, keep them (a second Backward() works)
+  drop->net()->Forward();
+  drop->net()->Backward();
+  EXPECT_TRUE(std::isfinite(drop->net()->blob_by_name("pool1")->cpu_data()[0]));
 }
 
 TEST_F(CometStoreTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
