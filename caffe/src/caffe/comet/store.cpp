@@ -1121,22 +1121,14 @@ void CometStore<Dtype>::AfterBackward(int layer) {
     // In a step, what the store holds goes with the last reader (keep_compressed: until the
     // next forward, for a second Backward() or a read after the step).
     const bool drop = in_step_ && !param_.keep_compressed();
-    if (mem->comet_payload()) {  // not decoded: a mask read from the payload, codes, ...
-      if (drop && mem->comet_payload() == e.stored) {
-        CometMarkReleased(mem, e.layer >= 0 ? "buffer '" + e.blob + "'"
-                                            : "data of blob '" + e.blob + "'",
-                          "keep_compressed: true");
-        e.stored.reset();
-      }
-      continue;
-    }
-    if (drop) {
-      CometMarkReleased(mem, e.layer >= 0 ? "buffer '" + e.blob + "'"
-                                          : "data of blob '" + e.blob + "'",
+    const bool decoded = !mem->comet_payload();  // else: a mask read as it is, codes, ...
+    if (drop && (decoded || mem->comet_payload() == e.stored)) {
+      CometMarkReleased(mem, (e.layer >= 0 ? "buffer '" : "data of blob '") + e.blob + "'",
                         "keep_compressed: true");
       e.stored.reset();
       continue;
     }
+    if (!decoded) continue;
     mem->comet_release();  // decoded for backward; the compressed copy goes back on
     mem->comet_payload() = e.stored;
   }
