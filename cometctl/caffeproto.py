@@ -89,7 +89,7 @@ DATA_LAYER_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData", "MemoryData",
 
 
 def meets_train_rule(rule, pb2, state=None) -> bool:
-    """Caffe's StateMeetsRule for the TRAIN state: `state` (a NetState, train_state below), or by default
+    """Caffe's StateMeetsRule for `state` (a NetState: net_state below), by default the TRAIN state
     {phase: TRAIN, level: 0, no stages}."""
     phase = state.phase if state is not None else pb2.TRAIN
     level = state.level if state is not None else 0
@@ -104,19 +104,20 @@ def meets_train_rule(rule, pb2, state=None) -> bool:
 
 
 def in_train_phase(layer, pb2, state=None) -> bool:
-    """Whether Caffe keeps `layer` in the TRAIN net (its include and exclude rules; `state` as above)."""
+    """Whether Caffe keeps `layer` in the TRAIN net, or in a net of `state` (its include and exclude rules)."""
     if layer.include:
         return any(meets_train_rule(r, pb2, state) for r in layer.include)
     return not any(meets_train_rule(r, pb2, state) for r in layer.exclude)
 
 
-def train_state(net, param, pb2):
-    """The state Caffe builds the train net in (Solver::InitTrainNet): phase TRAIN, then the net's own
-    `state`, then the solver's `train_state` (its level and stages)."""
+def net_state(phase, net, given, pb2):
+    """The state Caffe builds a net in (Solver::InitTrainNet, InitTestNets): `phase`, then the net's own
+    `state`, then the solver's (`train_state`, or test net i's `test_state[i]`; None when it has none)."""
     state = pb2.NetState()
-    state.phase = pb2.TRAIN
+    state.phase = phase
     state.MergeFrom(net.state)
-    state.MergeFrom(param.train_state)
+    if given is not None:
+        state.MergeFrom(given)
     return state
 
 
@@ -139,7 +140,7 @@ def net_in_state(net, state, pb2):
 def train_net_only(net, param, pb2):
     """`net` (a copy) with only the layers Caffe keeps in the train net, their include and exclude rules
     dropped: what later code reads holds for any level and stages the solver trains with."""
-    return net_in_state(net, train_state(net, param, pb2), pb2)
+    return net_in_state(net, net_state(pb2.TRAIN, net, param.train_state, pb2), pb2)
 
 
 def nets_caffe_builds(param, net, test_nets, pb2) -> list:
@@ -151,11 +152,7 @@ def nets_caffe_builds(param, net, test_nets, pb2) -> list:
     own = [n for n, _ in test_nets]
     generic = [net] * max(0, len(param.test_iter) - len(own))
     for i, test_net in enumerate(own + generic):
-        state = pb2.NetState()
-        state.phase = pb2.TEST
-        state.MergeFrom(test_net.state)
-        if param.test_state:
-            state.MergeFrom(param.test_state[i])
+        state = net_state(pb2.TEST, test_net, param.test_state[i] if param.test_state else None, pb2)
         out.append((net_in_state(test_net, state, pb2), i))
     return out
 

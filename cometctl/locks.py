@@ -16,6 +16,19 @@ from pathlib import Path
 from .errors import CometError
 
 
+def _flock(fd: int, op: int) -> bool:
+    """flock(2) without waiting: False when another process holds the folder; True when taken, or on a
+    file system without flock (some network ones: ENOLCK), where nothing can be held and work goes on
+    unguarded, as before locks."""
+    try:
+        fcntl.flock(fd, op | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # no flock on this file system
+        pass
+    return True
+
+
 _held: set[Path] = set()  # folders this process holds: a nested folder_lock of one of them passes
 
 
@@ -32,13 +45,9 @@ def folder_lock(folder: Path, doing: str):
         return
     fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _flock(fd, fcntl.LOCK_EX):
             raise CometError(f"{folder}: another cometctl command is {doing} there; wait for it to finish "
-                             f"(two at once would mix their outputs)") from None
-        except OSError:  # a file system without flock (some network ones): go on unguarded, as before locks
-            pass
+                             f"(two at once would mix their outputs)")
         _held.add(key)
         try:
             yield
@@ -60,11 +69,6 @@ def busy(folder: Path) -> bool:
     except OSError:  # missing or not a folder: nobody prepares there
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:  # a file system without flock: nobody can hold it there either
-        return False
+        return not _flock(fd, fcntl.LOCK_SH)
     finally:
         os.close(fd)

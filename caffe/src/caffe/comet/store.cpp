@@ -42,6 +42,11 @@ SyncedMemory* PrivateBufferOf(Layer<Dtype>* layer, CometActions::Action action) 
   return NULL;
 }
 
+// What an entry's memory is, for the message of a read after the store freed it.
+std::string EntryWhat(const CometEntry& e) {
+  return (e.layer >= 0 ? "buffer '" : "data of blob '") + e.blob + "'";
+}
+
 // Drops what the store left on the diffs of `blobs` (a marker of freed memory): the layer about
 // to run writes them, and starts from fresh memory.
 template <typename Dtype>
@@ -128,7 +133,7 @@ void CometStore<Dtype>::LeaveNet() {
       SyncedMemory* mem = PrivateBuffer(e);
       if ((e.action == RECOMPUTE || e.action == REBUILD) && !mem->comet_payload() &&
           mem->head() == SyncedMemory::UNINITIALIZED)
-        CometMarkReleased(mem, "buffer '" + e.blob + "'");
+        CometMarkReleased(mem, EntryWhat(e));
     }
   }
   std::vector<shared_ptr<typename Net<Dtype>::Callback> > callbacks;
@@ -858,7 +863,7 @@ void CometStore<Dtype>::AfterForward(int layer) {
       continue;  // not ours to free (a data layer's prefetch buffer), or nothing there
     }
     if (e.action == RELEASE) {
-      CometMarkReleased(mem, "data of blob '" + e.blob + "'");
+      CometMarkReleased(mem, EntryWhat(e));
       continue;
     }
     const bool dev = OnDevice(mem);
@@ -1123,8 +1128,7 @@ void CometStore<Dtype>::AfterBackward(int layer) {
     const bool drop = in_step_ && !param_.keep_compressed();
     const bool decoded = !mem->comet_payload();  // else: a mask read as it is, codes, ...
     if (drop && (decoded || mem->comet_payload() == e.stored)) {
-      CometMarkReleased(mem, (e.layer >= 0 ? "buffer '" : "data of blob '") + e.blob + "'",
-                        "keep_compressed: true");
+      CometMarkReleased(mem, EntryWhat(e), "keep_compressed: true");
       e.stored.reset();
       continue;
     }
