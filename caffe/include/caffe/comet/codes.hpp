@@ -124,6 +124,92 @@ COMET_HD int32_t unpack_code(const uint32_t* w, size_t i, int bits, bool argmax,
   return argmax ? argmax_index(code, i, g) : static_cast<int32_t>(code ? r.one : 0u);
 }
 
+// Max pooling straight into codes (comet { pool_codes }): the layer's forward and backward on
+// the packed argmax, so that the int32 argmax is never dense. Both follow PoolingLayer exactly
+// (with patch 0015): the results are the same bit for bit.
+
+// The max of the window of pooled position (ph, pw) over one bottom plane, the window's first
+// element starting it and a NaN replacing any number; its position's code in *code. False for
+// an empty window, which Caffe's Reshape never makes (pad < kernel, last window starts inside).
+COMET_HD bool max_of_window(const float* plane, int ph, int pw, const PoolGeometry& g, float* max,
+                            uint32_t* code) {
+  const int h0 = ph * g.stride_h - g.pad_h, w0 = pw * g.stride_w - g.pad_w;  // unclamped corner
+  const int hend = h0 + g.kernel_h < g.height ? h0 + g.kernel_h : g.height;
+  const int wend = w0 + g.kernel_w < g.width ? w0 + g.kernel_w : g.width;
+  const int hstart = h0 > 0 ? h0 : 0, wstart = w0 > 0 ? w0 : 0;
+  if (hstart >= hend || wstart >= wend) return false;
+  float m = plane[hstart * g.width + wstart];
+  int mh = hstart, mw = wstart;
+  for (int h = hstart; h < hend; ++h) {
+    for (int w = wstart; w < wend; ++w) {
+      const float v = plane[h * g.width + w];
+      if (v > m || (v != v && m == m)) {
+        m = v;
+        mh = h;
+        mw = w;
+      }
+    }
+  }
+  *max = m;
+  *code = static_cast<uint32_t>((mh - h0) * g.kernel_w + (mw - w0));
+  return true;
+}
+
+// The forward of the pooled elements of code word wi (flattened over planes and pooled positions,
+// as the top blob is): their maxima into top, their codes packed in the word returned. *bad is
+// set for an empty window.
+COMET_HD uint32_t max_pool_word(const float* bottom, float* top, size_t count, int bits,
+                                size_t wi, const PoolGeometry& g, bool* bad) {
+  const size_t per = 32 / bits;
+  const size_t begin = wi * per;
+  const size_t end = begin + per < count ? begin + per : count;
+  const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
+  const size_t plane = static_cast<size_t>(g.height) * g.width;
+  uint32_t word = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const size_t q = i / pooled, r = i - q * pooled;
+    const int ph = static_cast<int>(r / g.pooled_width), pw = static_cast<int>(r % g.pooled_width);
+    uint32_t code = 0;
+    float m = 0.f;
+    if (!max_of_window(bottom + q * plane, ph, pw, g, &m, &code)) *bad = true;
+    top[i] = m;
+    word |= code << ((i - begin) * bits);
+  }
+  return word;
+}
+
+// The gradient at bottom position (h, w) of one plane, gathered as upstream's MaxPoolBackward
+// kernel does: the sum, in pooled order from 0, of the top diffs of the windows whose code names
+// (h, w). `first`: the index of the plane's first code; top_diff: the plane's top diffs. Every
+// window holding (h, w) gives it a code below kernel_h * kernel_w: a corrupt code matches none.
+COMET_HD float max_pool_diff_at(const uint32_t* words, int bits, size_t first,
+                                const float* top_diff, int h, int w, const PoolGeometry& g) {
+  const int hp = h + g.pad_h, wp = w + g.pad_w;
+  const int phstart = hp < g.kernel_h ? 0 : (hp - g.kernel_h) / g.stride_h + 1;
+  const int pwstart = wp < g.kernel_w ? 0 : (wp - g.kernel_w) / g.stride_w + 1;
+  const int phend = hp / g.stride_h + 1 < g.pooled_height ? hp / g.stride_h + 1 : g.pooled_height;
+  const int pwend = wp / g.stride_w + 1 < g.pooled_width ? wp / g.stride_w + 1 : g.pooled_width;
+  float gradient = 0.f;
+  for (int ph = phstart; ph < phend; ++ph) {
+    for (int pw = pwstart; pw < pwend; ++pw) {
+      const size_t r = static_cast<size_t>(ph) * g.pooled_width + pw;
+      const uint32_t mine =
+          static_cast<uint32_t>((hp - ph * g.stride_h) * g.kernel_w + (wp - pw * g.stride_w));
+      if (code_at(words, first + r, bits) == mine) gradient += top_diff[r];
+    }
+  }
+  return gradient;
+}
+
+// The bottom position a code names in the window of (ph, pw), checked to lie in the plane (a
+// corrupt code may name padding or another window's row); -1 if it does not.
+COMET_HD int max_pool_target(uint32_t code, int ph, int pw, const PoolGeometry& g) {
+  if (code >= static_cast<uint32_t>(g.kernel_h * g.kernel_w)) return -1;
+  const int h = ph * g.stride_h - g.pad_h + static_cast<int>(code) / g.kernel_w;
+  const int w = pw * g.stride_w - g.pad_w + static_cast<int>(code) % g.kernel_w;
+  return h >= 0 && h < g.height && w >= 0 && w < g.width ? h * g.width + w : -1;
+}
+
 // ReLU's backward from the sign mask alone: upstream computes
 // top_diff * ((x > 0) + negative_slope * (x <= 0)), and the mask bit is x > 0.
 COMET_HD float relu_diff(float top_diff, uint32_t word, int bit, float negative_slope) {

@@ -161,6 +161,17 @@ shared_ptr<CometPayload> CometEncodeArgmax(const int* idx, size_t count,
 shared_ptr<CometPayload> CometEncodeBinary(const unsigned int* v, size_t count,
                                            const comet_codes::BinaryRule& rule, bool on_device,
                                            const std::string& name);
+// Max pooling's forward straight into codes (comet { pool_codes }): the maxima of bottom's
+// windows into top (count values) and their argmax as an ARGMAX payload, never dense; the same
+// values and codes as PoolingLayer's forward and CometEncodeArgmax. NULL for a geometry that
+// codes cannot hold (a window of more than 65536 values, an empty one): nothing is kept then.
+shared_ptr<CometPayload> CometPoolToCodes(const float* bottom, float* top, size_t count,
+                                          const comet_codes::PoolGeometry& g, bool on_device,
+                                          const std::string& name);
+// Max pooling's backward from those codes: bottom_diff (every value written) from top_diff, bit
+// for bit what PoolingLayer's backward computes from the argmax. False when the codes are corrupt.
+bool CometPoolBackwardFromCodes(const CometPayload& codes, const float* top_diff,
+                                float* bottom_diff, std::string* error);
 // Decodes into out (device memory when the payload is on the device; floats, or 32-bit integers
 // for ARGMAX and BINARY); false when corrupt, with the reason in *error.
 bool CometDecode(const CometPayload& payload, void* out, std::string* error);

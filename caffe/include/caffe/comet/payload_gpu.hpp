@@ -30,6 +30,15 @@ void CometCodesUnpackGpu(const uint32_t* words, size_t count, int bits, bool arg
 void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_diff,
                           float* bottom_diff, float negative_slope, uint32_t* popcount);
 
+// Max pooling straight into codes (CometPoolToCodes, CometPoolBackwardFromCodes); `count`: the
+// pooled elements. The backward writes every bottom diff, gathering as upstream's kernel does.
+void CometPoolToCodesGpu(const float* bottom, float* top, size_t count, int bits,
+                         const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
+                         bool* bad);
+void CometPoolBackwardGpu(const uint32_t* words, size_t count, int bits,
+                          const comet_codes::PoolGeometry& g, const float* top_diff,
+                          float* bottom_diff, uint32_t* popcount);
+
 // payload.cu. Encode: plans the stream (sz's scratch, ~0.16 bytes per value, is the whole
 // transient), allocates the payload at its exact size and writes it; an sz status.
 int CometLossyEncodeGpu(const float* data, const size_t* dims, int ndims, double eb,

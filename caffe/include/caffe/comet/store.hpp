@@ -11,6 +11,7 @@
 #include "caffe/comet/bounds.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/plan.hpp"
+#include "caffe/comet/pool_codes.hpp"
 #include "caffe/comet/statistics.hpp"
 #include "caffe/comet/worker.hpp"
 #include "caffe/net.hpp"
@@ -26,7 +27,8 @@ namespace caffe {
 // last backward reader. Blobs no backward step reads are freed after their last forward reader;
 // activation diffs are freed after their last backward use. Error bounds adapt per layer.
 template <typename Dtype>
-class CometStore : public Solver<Dtype>::Callback, public CometActions {
+class CometStore : public Solver<Dtype>::Callback, public CometActions,
+                   public CometPoolCodes<Dtype>::Taker {
  public:
   // The store for solver's train net, or NULL when the solver has no enabled comet block.
   static shared_ptr<CometStore<Dtype> > Attach(Solver<Dtype>* solver);
@@ -55,6 +57,9 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
  protected:
   virtual void on_start();
   virtual void on_gradients_ready();
+  // Max pooling's forward with the argmax straight into codes (comet { pool_codes }).
+  virtual bool TakeForward(const Layer<Dtype>* layer, const Blob<Dtype>* bottom, Blob<Dtype>* top,
+                           bool on_device);
 
  private:
   class Hook;
@@ -84,6 +89,11 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   void StorePrivate(Entry* e);
   void Hold(Entry* e, SyncedMemory* mem, const shared_ptr<CometPayload>& p);
   void ReluBackwardFromMask(int layer);
+  // pool_codes: the layers whose forward this store takes (true) or none any more (false), and
+  // a max pooling layer's backward from its codes.
+  void TakePoolForwards(bool take);
+  void PoolBackwardFromCodes(int layer);
+  int ArgmaxEntry(int layer) const;  // the layer's ARGMAX entry, or -1
   void Sample();
   // The step's end (or the store's): the float mode before the step back on this thread and on
   // OpenBLAS's (float_mode.hpp, CometGemm::SetBlasThreadsMode).
@@ -115,7 +125,8 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions {
   CometAliases data_aliases_, diff_aliases_;        // sharing found at run time
   std::map<const SyncedMemory*, int> seen_data_, seen_diff_;  // this step: memory -> group
   std::vector<Entry> entries_;                      // plan_.entries with what was done
-  std::vector<bool> relu_skipped_;                  // layer -> backward done from the mask
+  std::vector<bool> backward_skipped_;  // layer -> backward done by the store (mask, codes)
+  std::map<const Layer<Dtype>*, int> pool_layers_;  // layers whose forward it takes -> index
   std::vector<shared_ptr<Hook> > hooks_;
   CometStatistics<Dtype> stats_;
   std::vector<const SyncedMemory*> sample_buffers_;  // Sample's, kept to spare an allocation

@@ -106,6 +106,38 @@ __global__ void ReluBackwardKernel(const uint32_t* words, size_t count, const fl
   }
 }
 
+// Max pooling into codes: a thread per code word, each writing its elements' maxima and the word.
+__global__ void PoolToCodesKernel(const float* bottom, float* top, size_t count, int bits,
+                                  comet_codes::PoolGeometry g, uint32_t* words, size_t nwords,
+                                  uint32_t* popcount, int* bad) {
+  uint32_t pc = 0;
+  int any_bad = 0;
+  for (size_t w = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; w < nwords;
+       w += static_cast<size_t>(blockDim.x) * gridDim.x) {
+    bool b = false;
+    const uint32_t word = comet_codes::max_pool_word(bottom, top, count, bits, w, g, &b);
+    words[w] = word;
+    pc += __popc(word);
+    any_bad |= b;
+  }
+  AddPerWarp(pc, any_bad, popcount, bad);
+}
+
+// Max pooling's backward from codes: a thread per bottom element, as upstream's MaxPoolBackward.
+__global__ void PoolBackwardKernel(const uint32_t* words, int bits, comet_codes::PoolGeometry g,
+                                   const float* top_diff, float* bottom_diff,
+                                   size_t bottom_count) {
+  const size_t plane = static_cast<size_t>(g.height) * g.width;
+  const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < bottom_count;
+       i += static_cast<size_t>(blockDim.x) * gridDim.x) {
+    const size_t q = i / plane, r = i - q * plane;
+    bottom_diff[i] = comet_codes::max_pool_diff_at(
+        words, bits, q * pooled, top_diff + q * pooled, static_cast<int>(r / g.width),
+        static_cast<int>(r % g.width), g);
+  }
+}
+
 int Blocks(size_t n) {
   const size_t b = (n + CAFFE_CUDA_NUM_THREADS - 1) / CAFFE_CUDA_NUM_THREADS;
   return static_cast<int>(b < 4096 ? (b ? b : 1) : 4096);
@@ -186,6 +218,34 @@ void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_
                                                                 bottom_diff, negative_slope);
   CUDA_POST_KERNEL_CHECK;
   DevicePopcount(words, count, popcount);
+}
+
+void CometPoolToCodesGpu(const float* bottom, float* top, size_t count, int bits,
+                         const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
+                         bool* bad) {
+  const size_t nwords = comet_codes::words(count, bits);
+  uint32_t* d_counts;  // [popcount, bad]
+  CometGpuMalloc(reinterpret_cast<void**>(&d_counts), 2 * sizeof(uint32_t));
+  CUDA_CHECK(cudaMemset(d_counts, 0, 2 * sizeof(uint32_t)));
+  PoolToCodesKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(
+      bottom, top, count, bits, g, words, nwords, d_counts, reinterpret_cast<int*>(d_counts + 1));
+  CUDA_POST_KERNEL_CHECK;
+  uint32_t h[2];
+  CUDA_CHECK(cudaMemcpy(h, d_counts, sizeof(h), cudaMemcpyDeviceToHost));
+  CometGpuFree(d_counts, 2 * sizeof(uint32_t));
+  *popcount = h[0];
+  *bad = h[1] != 0;
+}
+
+void CometPoolBackwardGpu(const uint32_t* words, size_t count, int bits,
+                          const comet_codes::PoolGeometry& g, const float* top_diff,
+                          float* bottom_diff, uint32_t* popcount) {
+  const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
+  const size_t bottom_count = count / pooled * g.height * g.width;
+  PoolBackwardKernel<<<Blocks(bottom_count), CAFFE_CUDA_NUM_THREADS>>>(words, bits, g, top_diff,
+                                                                       bottom_diff, bottom_count);
+  CUDA_POST_KERNEL_CHECK;
+  DevicePopcount(words, count * bits, popcount);
 }
 
 }  // namespace caffe

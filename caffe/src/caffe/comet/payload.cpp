@@ -431,6 +431,91 @@ shared_ptr<CometPayload> CometEncodeBinary(const unsigned int* v, size_t count,
                      rule, on_device, name);
 }
 
+shared_ptr<CometPayload> CometPoolToCodes(const float* bottom, float* top, size_t count,
+                                          const comet_codes::PoolGeometry& g, bool on_device,
+                                          const std::string& name) {
+  const int bits = comet_codes::bits_for(g.kernel_h * g.kernel_w);
+  const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
+  if (bits == 0 || pooled == 0 || count % pooled) return shared_ptr<CometPayload>();
+  shared_ptr<CometPayload> p(new CometPayload(CometPayload::ARGMAX, on_device, count, name));
+  const size_t nwords = comet_codes::words(count, bits);
+  p->Allocate(nwords * sizeof(uint32_t));
+  p->code_bits = bits;
+  p->pool = g;
+  p->binary = comet_codes::BinaryRule{0, 1};
+  uint32_t popcount = 0;
+  bool bad = false;
+  if (!on_device) {
+    uint32_t* words = static_cast<uint32_t*>(p->data());
+    const size_t per = 32 / bits;  // ranges of whole words
+    std::atomic<int> any_bad(0);
+    ParallelRanges(count, per, [&](size_t i0, size_t i1) {
+      bool b = false;
+      for (size_t w = i0 / per; w * per < i1; ++w)
+        words[w] = comet_codes::max_pool_word(bottom, top, count, bits, w, g, &b);
+      if (b) any_bad = 1;
+    });
+    bad = any_bad != 0;
+    popcount = HostPopcount(words, count * bits);
+  } else {
+    CometPoolToCodesGpu(bottom, top, count, bits, g, static_cast<uint32_t*>(p->data()), &popcount,
+                        &bad);
+  }
+  if (bad) return shared_ptr<CometPayload>();
+  p->mask_popcount = popcount;
+  return p;
+}
+
+bool CometPoolBackwardFromCodes(const CometPayload& codes, const float* top_diff,
+                                float* bottom_diff, std::string* error) {
+  const comet_codes::PoolGeometry& g = codes.pool;
+  const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
+  const size_t plane = static_cast<size_t>(g.height) * g.width;
+  if (codes.kind() != CometPayload::ARGMAX || pooled == 0 || codes.count() % pooled ||
+      comet_codes::bits_for(g.kernel_h * g.kernel_w) != codes.code_bits ||
+      codes.bytes() != comet_codes::words(codes.count(), codes.code_bits) * sizeof(uint32_t)) {
+    *error = "not max pooling codes of this shape";
+    return false;
+  }
+  const int bits = codes.code_bits;
+  uint32_t popcount = 0;
+  if (!codes.on_device()) {
+    // PoolingLayer::Backward_cpu's scatter, plane by plane (a plane to one thread), with each
+    // target checked to lie in its window's plane: a corrupt code writes nowhere else.
+    const uint32_t* words = static_cast<const uint32_t*>(codes.data());
+    std::atomic<int> any_bad(0);
+    ParallelRanges(codes.count(), pooled, [&](size_t i0, size_t i1) {
+      bool b = false;
+      for (size_t q = i0 / pooled; q * pooled < i1; ++q) {
+        float* out = bottom_diff + q * plane;
+        const float* in = top_diff + q * pooled;
+        std::fill(out, out + plane, 0.f);
+        for (int ph = 0, r = 0; ph < g.pooled_height; ++ph) {
+          for (int pw = 0; pw < g.pooled_width; ++pw, ++r) {
+            const int t = comet_codes::max_pool_target(
+                comet_codes::code_at(words, q * pooled + r, bits), ph, pw, g);
+            if (t < 0) {
+              b = true;
+              continue;
+            }
+            out[t] += in[r];
+          }
+        }
+      }
+      if (b) any_bad = 1;
+    });
+    if (any_bad) {
+      *error = "a code names no element of its window";
+      return false;
+    }
+    popcount = HostPopcount(words, codes.count() * bits);
+  } else {
+    CometPoolBackwardGpu(static_cast<const uint32_t*>(codes.data()), codes.count(), bits, g,
+                         top_diff, bottom_diff, &popcount);
+  }
+  return PopcountMatches(codes, popcount, error);
+}
+
 bool CometReluBackward(const CometPayload& mask, const float* top_diff, float* bottom_diff,
                        float negative_slope, std::string* error) {
   if (mask.kind() != CometPayload::MASK) {
@@ -749,6 +834,10 @@ void CometCodesUnpackGpu(const uint32_t*, size_t, int, bool, const comet_codes::
 void CometReluBackwardGpu(const uint32_t*, size_t, const float*, float*, float, uint32_t*) {
   NO_GPU;
 }
+void CometPoolToCodesGpu(const float*, float*, size_t, int, const comet_codes::PoolGeometry&,
+                         uint32_t*, uint32_t*, bool*) { NO_GPU; }
+void CometPoolBackwardGpu(const uint32_t*, size_t, int, const comet_codes::PoolGeometry&,
+                          const float*, float*, uint32_t*) { NO_GPU; }
 int CometLossyEncodeGpu(const float*, const size_t*, int, double, CometPayload*) {
   NO_GPU;
   return SZ_ERR_CUDA;

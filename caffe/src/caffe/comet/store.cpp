@@ -303,8 +303,9 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
                  "for about 0.1 s after each call, on the cores this store's worker and Caffe's "
                  "one-thread layers need; OPENBLAS_THREAD_TIMEOUT=4 lets them sleep at once "
                  "(cometctl sets it; docs/comet.md)";
-  relu_skipped_.assign(net_->layers().size(), false);
+  backward_skipped_.assign(net_->layers().size(), false);
   MakePlan();
+  TakePoolForwards(true);
   reader_.reset(new Reader(this));
   CometSetReadContext(reader_.get());
   typedef typename CometStore<Dtype>::Hook H;
@@ -355,6 +356,7 @@ CometStore<Dtype>::~CometStore() {
     }
   }
   jobs_.clear();
+  TakePoolForwards(false);
   LeaveNet();
   // A describer left behind would point into this store (another store's goes too: harmless)
   CometSetReadContext("outside a COMET training step (its solver is gone)");
@@ -497,6 +499,7 @@ void CometStore<Dtype>::DecodeAhead(int layer) {
       const shared_ptr<CometPayload> p = mem->comet_payload();
       // Dense (kept, or restored already), on its way, or on the GPU: nothing to start.
       if (!p || p != e.stored || p->on_device() || p->kind() == CometPayload::MASK) continue;
+      if (p->kind() == CometPayload::ARGMAX && param_.pool_codes()) continue;  // read as codes
       // Past the cap it is decoded on demand, as without decode_ahead (no waiting here), unless
       // the host pool has room for it below its peak in use: the memory a backward pass has
       // freed again, resident anyway, not more (a decode ahead of both of LRN's 77 MB inputs
@@ -1052,6 +1055,7 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     e.timing->DecodedInStep(CometMsSince(start));
   }
   if (param_.relu_masks() && plan_.facts[layer].relu_from_mask) ReluBackwardFromMask(layer);
+  if (param_.pool_codes()) PoolBackwardFromCodes(layer);
   if (measuring_) bounds_.BeforeBackward(layer);
   DecodeAhead(layer);  // while this layer's backward runs
 }
@@ -1094,7 +1098,112 @@ void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
   // Net passes this vector to ReLU's Backward; with it false ReLU leaves the diff as it is.
   // AfterBackward sets it back.
   propagate[0] = false;
-  relu_skipped_[layer] = true;
+  backward_skipped_[layer] = true;
+}
+
+// pool_codes: every max pooling layer whose argmax the layer keeps (one top); whether its
+// argmax is stored as codes is asked at each forward (the plan may change).
+template <typename Dtype>
+void CometStore<Dtype>::TakePoolForwards(bool take) {
+  for (typename std::map<const Layer<Dtype>*, int>::iterator it = pool_layers_.begin();
+       it != pool_layers_.end(); ++it) {
+    CometPoolCodes<Dtype>::Register(it->first, NULL);
+  }
+  pool_layers_.clear();
+  // The codes hold float maxima only: a double net keeps the layer's own forward.
+  if (!take || !param_.pool_codes() || !param_.layer_buffers() || sizeof(Dtype) != sizeof(float))
+    return;
+  for (int l = 0; l < net_->layers().size(); ++l) {
+    Layer<Dtype>* layer = net_->layers()[l].get();
+    if (!CometLayerAccess<Dtype>::argmax(layer)) continue;
+    pool_layers_[layer] = l;
+    CometPoolCodes<Dtype>::Register(layer, this);
+  }
+}
+
+template <typename Dtype>
+int CometStore<Dtype>::ArgmaxEntry(int layer) const {
+  const std::vector<int>& own = plan_.private_of_layer[layer];
+  for (int k = 0; k < own.size(); ++k)
+    if (entries_[own[k]].action == ARGMAX) return own[k];
+  return -1;
+}
+
+// Max pooling's forward in the net's forward pass, its argmax written as codes and held at once
+// (the payload StorePrivate would have made from the dense argmax after the layer's forward).
+template <typename Dtype>
+bool CometStore<Dtype>::TakeForward(const Layer<Dtype>* layer, const Blob<Dtype>* bottom,
+                                    Blob<Dtype>* top, bool on_device) {
+  typename std::map<const Layer<Dtype>*, int>::const_iterator it = pool_layers_.find(layer);
+  if (it == pool_layers_.end()) return false;
+  const int l = it->second;
+  const int x = ArgmaxEntry(l);
+  // Only inside this net's forward of the layer (BeforeForward ran for it): a Forward called
+  // from elsewhere computes as upstream.
+  if (x < 0 || last_forward_ != l || context_pass_ != kForward) return false;
+  Entry& e = entries_[x];
+  Layer<Dtype>* pool = net_->layers()[l].get();
+  SyncedMemory* mem = PrivateBuffer(e);
+  if (!mem->comet_can_release()) return false;
+  const size_t count = CometLayerAccess<Dtype>::argmax(pool)->count();
+  if (static_cast<size_t>(top->count()) != count) return false;
+  const Clock::time_point start = Clock::now();
+  const float* in =
+      reinterpret_cast<const float*>(on_device ? bottom->gpu_data() : bottom->cpu_data());
+  float* out =
+      reinterpret_cast<float*>(on_device ? top->mutable_gpu_data() : top->mutable_cpu_data());
+  shared_ptr<CometPayload> p = CometPoolToCodes(in, out, count,
+                                                CometLayerAccess<Dtype>::geometry(pool),
+                                                on_device, e.blob);
+  if (!p) return false;  // a geometry codes cannot hold: the layer's forward runs
+  if (mem->comet_payload()) mem->comet_payload().reset();
+  Hold(&e, mem, p);
+  // Codec time, as ReLU's backward from its mask: it takes the place of the layer's forward.
+  e.encode_ms += CometMsSince(start);
+  e.samples += 1;
+  return true;
+}
+
+// Max pooling's backward from the codes its forward left: the argmax is never unpacked (72 MB
+// of int32 at CaffeNet's pool1 at batch 256), and Net skips the layer's own backward.
+template <typename Dtype>
+void CometStore<Dtype>::PoolBackwardFromCodes(int layer) {
+  const int x = ArgmaxEntry(layer);
+  if (x < 0 || !net_->layer_need_backward()[layer]) return;
+  std::vector<bool>& propagate =
+      const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer]);
+  const Entry& e = entries_[x];
+  // Dense (restored for a reader, or kept this step): the layer's own backward reads it.
+  if (!propagate[0] || !e.stored || e.stored->kind() != CometPayload::ARGMAX ||
+      PrivateBuffer(e)->comet_payload() != e.stored) {
+    return;
+  }
+  Blob<Dtype>* top = net_->top_vecs()[layer][0];
+  Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
+  const CometPayload& codes = *e.stored;
+  const comet_codes::PoolGeometry& g = codes.pool;
+  CHECK_EQ(static_cast<size_t>(top->count()), codes.count()) << "COMET: " << e.blob;
+  CHECK_EQ(static_cast<size_t>(bottom->count()),
+           codes.count() / (static_cast<size_t>(g.pooled_height) * g.pooled_width) * g.height *
+               g.width) << "COMET: " << e.blob;
+  const bool dev = codes.on_device();
+  const Clock::time_point start = Clock::now();
+  const float* top_diff = reinterpret_cast<const float*>(dev ? top->gpu_diff() : top->cpu_diff());
+  CometFillWhole whole(bottom->diff().get());  // every value is written
+  float* bottom_diff = reinterpret_cast<float*>(dev ? bottom->mutable_gpu_diff()
+                                                    : bottom->mutable_cpu_diff());
+  std::string error;
+  if (!CometPoolBackwardFromCodes(codes, top_diff, bottom_diff, &error)) {
+    CometMarkReleased(bottom->diff().get(), "diff of blob '" +
+                      net_->blob_names()[net_->bottom_ids(layer)[0]] +
+                      "', left unfinished by corrupt argmax codes,");
+    CometFatal("COMET: the argmax codes of '" + e.blob + "' are corrupt (" + error +
+               "), read by " + CometReadContext() + "; refusing to use them");
+    return;
+  }
+  e.timing->decode_ms += CometMsSince(start);
+  propagate[0] = false;  // AfterBackward sets it back
+  backward_skipped_[layer] = true;
 }
 
 template <typename Dtype>
@@ -1110,9 +1219,9 @@ void CometStore<Dtype>::AfterBackward(int layer) {
     stats_.NoteTransient(transient);
   }
   if (measuring_) bounds_.AfterBackward(layer);
-  if (relu_skipped_[layer]) {
+  if (backward_skipped_[layer]) {
     const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = true;
-    relu_skipped_[layer] = false;
+    backward_skipped_[layer] = false;
   }
   const std::vector<int>& todo = plan_.after_backward[layer];
   for (int t = 0; t < todo.size(); ++t) {

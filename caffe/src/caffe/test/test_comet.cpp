@@ -1283,6 +1283,94 @@ TEST_F(CometPayloadTest, ArgmaxCodesRoundTripAndRefuseWhatTheyCannotHold) {
   EXPECT_FALSE(CometDecode(*p, out.data(), &error));
 }
 
+// comet { pool_codes }: max pooling's forward straight into codes and its backward from them,
+// against PoolingLayer itself (no store: upstream's loops) and CometEncodeArgmax of its argmax,
+// bit for bit, over windows that overlap, are clipped by padding, tie, hold NaN or -Inf, and a
+// map large enough to be split over the cores. The backward's gather (the device kernel's
+// per-element function) is checked on the host against the same.
+TEST_F(CometPayloadTest, MaxPoolingIntoCodesMatchesPoolingLayerBitForBit) {
+  struct Case {
+    int kh, kw, sh, sw, ph, pw, n, c, h, w;
+  } cases[] = {{3, 3, 2, 2, 1, 1, 2, 3, 11, 13},  {2, 2, 2, 2, 0, 0, 2, 3, 10, 9},
+               {3, 3, 1, 1, 0, 0, 1, 2, 7, 8},    {2, 3, 1, 2, 1, 2, 2, 2, 9, 12},
+               {11, 13, 1, 1, 0, 0, 2, 3, 11, 13},  // global: 143 codes, 8 bits
+               {3, 3, 2, 2, 0, 0, 3, 17, 129, 160}};  // 261,120 pooled: split
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Case& k : cases) {
+    LayerParameter lp;
+    PoolingParameter* pp = lp.mutable_pooling_param();
+    pp->set_pool(PoolingParameter_PoolMethod_MAX);
+    pp->set_kernel_h(k.kh);
+    pp->set_kernel_w(k.kw);
+    pp->set_stride_h(k.sh);
+    pp->set_stride_w(k.sw);
+    pp->set_pad_h(k.ph);
+    pp->set_pad_w(k.pw);
+    lp.add_top("pool");  // one top: the argmax stays inside the layer
+    PoolingLayer<float> layer(lp);
+    Blob<float> bottom(k.n, k.c, k.h, k.w), top;
+    FillActivations(&bottom, 0.3f, 1.f, 17);  // ReLU-like: many zeros, so many ties
+    float* x = bottom.mutable_cpu_data();
+    for (int i = 0; i < bottom.count(); i += 37) x[i] = -x[i] - 1.f;
+    x[5] = nan;
+    x[k.w + 3] = -inf;
+    for (int i = 0; i < k.w * 3 && i + 2 * k.w < bottom.count(); ++i) x[2 * k.w + i] = -inf;
+    x[bottom.count() - 1] = nan;
+    std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+    layer.SetUp(bv, tv);
+    layer.Forward(bv, tv);
+    const Blob<int>* idx = CometLayerAccess<float>::argmax(&layer);
+    ASSERT_TRUE(idx != NULL);
+    const comet_codes::PoolGeometry g = CometLayerAccess<float>::geometry(&layer);
+    const std::string where = "kernel " + std::to_string(k.kh) + "x" + std::to_string(k.kw) +
+                              " on " + std::to_string(k.h) + "x" + std::to_string(k.w);
+    shared_ptr<CometPayload> want = CometEncodeArgmax(idx->cpu_data(), idx->count(), g, false,
+                                                      "a");
+    ASSERT_TRUE(want.get() != NULL) << where;
+    std::vector<float> maxima(top.count(), 7.f);
+    shared_ptr<CometPayload> got =
+        CometPoolToCodes(bottom.cpu_data(), maxima.data(), top.count(), g, false, "a");
+    ASSERT_TRUE(got.get() != NULL) << where;
+    ASSERT_EQ(std::memcmp(maxima.data(), top.cpu_data(), top.count() * sizeof(float)), 0)
+        << where;
+    ASSERT_EQ(got->code_bits, want->code_bits) << where;
+    ASSERT_EQ(got->bytes(), want->bytes()) << where;
+    ASSERT_EQ(std::memcmp(got->data(), want->data(), got->bytes()), 0) << where;
+    EXPECT_EQ(got->mask_popcount, want->mask_popcount) << where;
+
+    FillActivations(&top, 0.f, 1.f, 23);  // top diffs
+    caffe_copy(top.count(), top.cpu_data(), top.mutable_cpu_diff());
+    layer.Backward(tv, std::vector<bool>(1, true), bv);
+    std::vector<float> diff(bottom.count(), 7.f);
+    std::string error;
+    ASSERT_TRUE(CometPoolBackwardFromCodes(*got, top.cpu_diff(), diff.data(), &error))
+        << where << ": " << error;
+    ASSERT_EQ(std::memcmp(diff.data(), bottom.cpu_diff(), diff.size() * sizeof(float)), 0)
+        << where;
+    const size_t plane = static_cast<size_t>(k.h) * k.w;
+    const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
+    const uint32_t* words = static_cast<const uint32_t*>(got->data());
+    for (size_t i = 0; i < diff.size(); ++i) {
+      const size_t q = i / plane, r = i % plane;
+      const float v = comet_codes::max_pool_diff_at(words, got->code_bits, q * pooled,
+                                                    top.cpu_diff() + q * pooled, r / k.w,
+                                                    r % k.w, g);
+      ASSERT_EQ(std::memcmp(&v, &bottom.cpu_diff()[i], sizeof(float)), 0) << where << " " << i;
+    }
+    // A code past the window (one of the unused values of its width) or a flipped bit: refused.
+    uint32_t* w0 = static_cast<uint32_t*>(got->data());
+    const uint32_t keep = w0[0];
+    if (k.kh * k.kw < (1 << got->code_bits)) {
+      w0[0] |= (1u << got->code_bits) - 1u;
+      EXPECT_FALSE(CometPoolBackwardFromCodes(*got, top.cpu_diff(), diff.data(), &error))
+          << where;
+    }
+    w0[0] = keep ^ 0x1u;
+    EXPECT_FALSE(CometPoolBackwardFromCodes(*got, top.cpu_diff(), diff.data(), &error)) << where;
+  }
+}
+
 // The host's argmax encoder divides by the plane's width as a multiply and a shift: exact for
 // every index an int holds, at the edges of each quotient and for divisors up to 2^31 - 1.
 TEST_F(CometPayloadTest, WidthDividerIsExactForEveryIndex) {
@@ -1799,6 +1887,86 @@ class CometStoreTest : public ::testing::Test {
     EXPECT_EQ(MaxAbsDiff(first.data(), w->cpu_diff(), w->count()), 0.f);
   }
 
+  // comet { pool_codes }: max pooling's forward writes its argmax as codes and its backward reads
+  // them, the int32 argmax never dense. Training is bit for bit that of COMET off and of the store
+  // packing the layer's own argmax (pool_codes: false); the tracked peak, which this net reaches
+  // at pool1 (its forward, and its backward with the argmax unpacked), is lower by the dense
+  // argmax less its codes.
+  void CheckPoolCodes() {
+    const std::string net =
+        "name: 'poolpeak' "
+        "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+        "  dummy_data_param { shape { dim: 8 dim: 4 dim: 32 dim: 32 } shape { dim: 8 } "
+        "    data_filler { type: 'gaussian' std: 1 } "
+        "    data_filler { type: 'uniform' min: 0 max: 2.99 } } } "
+        "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+        "  convolution_param { num_output: 4 kernel_size: 1 engine: CAFFE "
+        "    weight_filler { type: 'gaussian' std: 0.3 } bias_filler { type: 'constant' value: 0.1 } } } "
+        "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+        "  pooling_param { pool: MAX kernel_size: 3 stride: 2 engine: CAFFE } } "
+        "layer { name: 'ip1' type: 'InnerProduct' bottom: 'pool1' top: 'ip1' "
+        "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.05 } } } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip1' bottom: 'label' top: 'loss' } ";
+    const char* comet[] = {"", "comet { compress_type: 'None' }",
+                           "comet { compress_type: 'None' pool_codes: false }"};
+    shared_ptr<Solver<float> > solvers[3];
+    for (int k = 0; k < 3; ++k) {
+      solvers[k] = SolverFor(net, comet[k], "0.001");  // labels at random: gradients stay
+      Run(solvers[k].get(), 4);
+    }
+    const std::vector<float> off = Params(solvers[0].get());
+    for (int k = 1; k < 3; ++k) {
+      const std::vector<float> on = Params(solvers[k].get());
+      ASSERT_EQ(off.size(), on.size());
+      for (int i = 0; i < off.size(); ++i) ASSERT_EQ(off[i], on[i]) << comet[k] << " param " << i;
+    }
+    const CometStore<float>* codes = solvers[1]->comet();
+    const CometStore<float>* packed = solvers[2]->comet();
+    EXPECT_TRUE(codes->param().pool_codes());  // the default
+    const CometStore<float>::Entry* argmax = NULL;
+    for (int e = 0; e < codes->entries().size(); ++e)
+      if (codes->entries()[e].blob == "pool1 argmax") argmax = &codes->entries()[e];
+    ASSERT_TRUE(argmax != NULL);
+    EXPECT_EQ(argmax->action, CometStore<float>::ARGMAX);
+    EXPECT_NEAR(argmax->last_ratio, 8.0, 0.5);  // 4-bit codes, as when packed after
+    const size_t dense = solvers[1]->net()->blob_by_name("pool1")->count() * sizeof(int);
+    EXPECT_GE(packed->memory().peak_total, codes->memory().peak_total + dense - dense / 8)
+        << "peak " << packed->memory().peak_total << " packing the layer's argmax against "
+        << codes->memory().peak_total << " with codes from the start";
+    // Between forward and backward: codes only; a backward leaves them as they were (a second
+    // Backward() outside a step reads them again) and writes the same gradients.
+    caffe::Net<float>* n = solvers[1]->net().get();
+    Caffe::set_random_seed(77);
+    n->ClearParamDiffs();
+    n->Forward();
+    SyncedMemory* mem = CometLayerAccess<float>::argmax(n->layer_by_name("pool1").get())->data().get();
+    ASSERT_TRUE(mem->comet_payload().get() != NULL);
+    EXPECT_EQ(mem->comet_payload()->kind(), CometPayload::ARGMAX);
+    EXPECT_EQ(mem->head(), SyncedMemory::UNINITIALIZED);
+    const CometPayload* held = mem->comet_payload().get();
+    n->Backward();
+    EXPECT_EQ(mem->comet_payload().get(), held);
+    EXPECT_EQ(mem->head(), SyncedMemory::UNINITIALIZED);
+    Blob<float>* w = n->layer_by_name("conv1")->blobs()[0].get();
+    const std::vector<float> first(w->cpu_diff(), w->cpu_diff() + w->count());
+    float largest = 0.f;
+    for (int i = 0; i < first.size(); ++i) largest = std::max(largest, std::fabs(first[i]));
+    EXPECT_GT(largest, 0.f);
+    n->ClearParamDiffs();
+    n->Backward();
+    EXPECT_EQ(MaxAbsDiff(first.data(), w->cpu_diff(), w->count()), 0.f);
+    // Read as an int32 buffer (its own backward's way), the codes restore the argmax that COMET
+    // off finds in the same forward.
+    const int* restored = static_cast<const int*>(mem->cpu_data());
+    EXPECT_TRUE(mem->comet_payload().get() == NULL);
+    caffe::Net<float>* o = solvers[0]->net().get();
+    Caffe::set_random_seed(77);
+    o->Forward();
+    const Blob<int>* want = CometLayerAccess<float>::argmax(o->layer_by_name("pool1").get());
+    ASSERT_EQ(static_cast<size_t>(want->count()) * sizeof(int), mem->size());
+    for (int i = 0; i < want->count(); ++i) ASSERT_EQ(restored[i], want->cpu_data()[i]) << i;
+  }
+
   // pycaffe's `net = solver.net; del solver` keeps the train net after its solver and store are
   // gone: it must run on as plain Caffe (it crashed in the store's freed hooks), with the values
   // the store did not keep still refused until a forward writes them again.
@@ -2236,6 +2404,7 @@ TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
 // Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
 // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
 TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
+TEST_F(CometStoreTest, MaxPoolingKeepsItsArgmaxAsCodesOnly) { CheckPoolCodes(); }
 
 // comet { async }: encodes on the store's worker beside the forward pass, decodes started a
 // backward layer ahead. The work and its inputs are the same as in the step, so training is
@@ -3010,6 +3179,28 @@ TEST_F(CometStoreTest, CorruptSignMaskIsDetected) {
             std::string::npos) << diff;
 }
 
+// Max pooling's backward from its codes (pool_codes): corrupt codes stop the backward naming the
+// buffer and the reader, and the diff it was writing is not left to read.
+TEST_F(CometStoreTest, CorruptArgmaxCodesAreDetected) {
+  shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  on->net()->Forward();
+  shared_ptr<CometPayload>& p =
+      CometLayerAccess<float>::argmax(on->net()->layer_by_name("pool1").get())->data()
+          ->comet_payload();
+  ASSERT_TRUE(p.get() != NULL);
+  ASSERT_EQ(p->kind(), CometPayload::ARGMAX);
+  static_cast<uint32_t*>(p->data())[0] ^= 0x1u;  // one code changed: the popcount disagrees
+  const std::string what = FatalMessageOf([&]() { on->net()->Backward(); });
+  EXPECT_NE(what.find("the argmax codes of 'pool1 argmax' are corrupt (bit check failed"),
+            std::string::npos) << what;
+  EXPECT_NE(what.find("read by layer 'pool1' (Pooling) backward, iteration 0; refusing"),
+            std::string::npos) << what;
+  const std::string diff =
+      FatalMessageOf([&]() { on->net()->blob_by_name("conv1")->cpu_diff(); });
+  EXPECT_NE(diff.find("diff of blob 'conv1', left unfinished by corrupt argmax codes,"),
+            std::string::npos) << diff;
+}
+
 // The hooks of patch 0030 keep the calling thread's cuRAND position (GPU builds call them).
 TEST(CometCurandTest, ThePositionCountsTheValuesDrawnSinceTheSeed) {
   CometCurandSeeded(42);
@@ -3055,6 +3246,7 @@ TEST_F(CometGPUTest, DeviceStreamsDecodeOnTheHostBitForBit) {
 }
 
 TEST_F(CometGPUTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
+TEST_F(CometGPUTest, MaxPoolingKeepsItsArgmaxAsCodesOnly) { CheckPoolCodes(); }
 TEST_F(CometGPUTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
   CheckTheNetOutlivesItsSolver();
 }
