@@ -213,7 +213,13 @@ def _file_fields(net):
 
 def data_files(net) -> list[tuple[str, str]]:
     """(layer name, file) for each file a net's layers read, as written there (_file_fields)."""
-    return [(layer.name, getattr(message, field)) for layer, message, field in _file_fields(net)]
+    return [(layer, name) for layer, _, name in data_file_kinds(net)]
+
+
+def data_file_kinds(net) -> list[tuple[str, str, str]]:
+    """(layer name, "source" or "mean file", file) for each file a net's layers read, as written there."""
+    return [(layer.name, "mean file" if field == "mean_file" else "source", getattr(message, field))
+            for layer, message, field in _file_fields(net)]
 
 
 def absolute_data_files(net, base):

@@ -46,7 +46,7 @@ def main():
 @click.option("--nccl/--no-nccl", default=None,
               help="CUDA variant: build with NCCL 2 so one `caffe train -gpu 0,1` trains on several GPUs "
                    "[default: when found; --nccl makes a missing NCCL an error].")
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel compile jobs [default: all cores].")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel compile jobs [default: all cores].")
 @click.option("--build-dir", type=click.Path(file_okay=False), default=None,
               help="Where sources and objects go [default: ./build or $COMET_BUILD_DIR].")
 @click.option("--upstream", type=click.Path(dir_okay=False), default=None,
@@ -126,7 +126,7 @@ def patches_export(src):
                    "it, a seeded, stratified split (--seed, --val-fraction).")
 @click.option("--size", type=int, default=None,
               help="Images are resized to SIZE x SIZE in the LMDBs [default: 256; 64 with --synthetic].")
-@click.option("--jobs", "-j", type=int, default=None, help="Decoding processes [default: all cores].")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Decoding processes [default: all cores].")
 @click.option("--synthetic", is_flag=True,
               help="Generate the small embedded stand-in (10 classes, 600 JPEGs in an images.tar and "
                    "lists.tar like the real ones) and prepare it the same way.")
@@ -167,7 +167,7 @@ def prepare_dogs(data_dir, archive, lists, size, jobs, synthetic, seed, val_frac
               help="Output folder [default: data/imagenet].")
 @click.option("--size", type=int, default=256, show_default=True,
               help="Images are resized to SIZE x SIZE (create_imagenet.sh's RESIZE=true).")
-@click.option("--jobs", "-j", type=int, default=None, help="Decoding processes [default: all cores].")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Decoding processes [default: all cores].")
 @click.option("--seed", type=int, default=1701, show_default=True, help="Seed of the shuffle.")
 def prepare_imagenet(train, val, devkit, val_labels, synsets, data_dir, size, jobs, seed):
     """Turn ILSVRC-2012 (ImageNet, 1,000 classes) into Caffe's format, reading the archives as
@@ -187,7 +187,7 @@ def prepare_imagenet(train, val, devkit, val_labels, synsets, data_dir, size, jo
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: data/<name of PATH>].")
 @click.option("--size", type=int, default=256, show_default=True, help="Images are resized to SIZE x SIZE.")
-@click.option("--jobs", "-j", type=int, default=None, help="Decoding processes [default: all cores].")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Decoding processes [default: all cores].")
 @click.option("--seed", type=int, default=1701, show_default=True, help="Seed of the shuffle and split.")
 @click.option("--val-fraction", type=float, default=0.2, show_default=True,
               help="Share of each class held out for val when PATH has no train/ and val/ folders.")

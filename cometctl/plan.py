@@ -226,18 +226,24 @@ def net_batch(net, pb2) -> int:
 
 
 def missing_sources(net, pb2) -> list[tuple[str, str, str]]:
-    """(layer, what, path) of every data source or mean file of the TRAIN net that does not exist."""
+    """(layer, what, path) of every data source or mean file of the TRAIN net that does not exist ("source",
+    "mean file") or that a `prepare-*` command is writing now ("busy": its folder is locked), and of each
+    MemoryData layer ("memory")."""
+    from .caffeproto import data_file_kinds
+    from .locks import busy
+
+    train = {layer.name for layer in train_layers(net, pb2)}
     out = []
-    for layer in train_layers(net, pb2):
-        if layer.type in SOURCE_PARAM:
-            src = getattr(layer, SOURCE_PARAM[layer.type]).source
-            if src and not from_root(src).exists():
-                out.append((layer.name, "source", src))
-        if layer.type in SOURCE_PARAM and layer.HasField("transform_param") and layer.transform_param.mean_file:
-            if not from_root(layer.transform_param.mean_file).exists():
-                out.append((layer.name, "mean file", layer.transform_param.mean_file))
-        if layer.type == "MemoryData":
-            out.append((layer.name, "memory", "(fed by pycaffe, not by caffe train)"))
+    for layer, what, name in data_file_kinds(net):
+        if layer not in train:
+            continue
+        path = from_root(name)
+        if not path.exists():
+            out.append((layer, what, name))
+        elif busy(path.parent):  # the folder prepare-* locks: its LMDBs, lists and mean file
+            out.append((layer, "busy", name))
+    out += [(layer.name, "memory", "(fed by pycaffe, not by caffe train)")
+            for layer in train_layers(net, pb2) if layer.type == "MemoryData"]
     return out
 
 
@@ -826,6 +832,10 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
             if what == "memory":
                 raise CometError(f"layer '{layer}' is a MemoryData layer, which only pycaffe can feed; run plan "
                                  f"with --synthetic-input to measure on DummyData of the same shapes")
+            if what == "busy":
+                raise CometError(f"{net_path.name}: layer '{layer}' reads {path}, and another cometctl command is "
+                                 f"preparing a dataset in {Path(path).parent} now; wait for it to finish, or run "
+                                 f"plan with --synthetic-input to measure on DummyData of the same shapes")
             raise CometError(f"{net_path.name}: layer '{layer}' reads its {what} {path}, which does not exist; "
                              f"run plan with --synthetic-input to measure on DummyData of the same shapes, or "
                              f"{prepare_hint(path, base)}")

@@ -246,6 +246,17 @@ def test_every_command_has_help(argv):
     assert "Usage:" in r.output and len(r.output.splitlines()) > 4
 
 
+@pytest.mark.parametrize("argv", [("build",), ("prepare-dogs", "--synthetic"), ("prepare-imagenet",),
+                                  ("prepare-images", ".")], ids=lambda a: a[0])
+@pytest.mark.parametrize("jobs", ["0", "-2"])
+def test_jobs_below_one_are_refused_before_any_work(argv, jobs):
+    # `build -j -2` reached cmake as `-j -2`; the prepare commands quietly took one process. A usage
+    # error (exit 2) comes from click's parsing, before the command's body runs.
+    r = CliRunner().invoke(main, [*argv, "--jobs", jobs])
+    assert r.exit_code == 2, r.output
+    assert "Invalid value for '--jobs' / '-j'" in r.output and ">=1" in r.output, r.output
+
+
 def test_errors_are_one_line_without_traceback():
     r = subprocess.run([str(Path(os.sys.executable).parent / "cometctl"), "build", "--cudnn"],
                        capture_output=True, text=True)

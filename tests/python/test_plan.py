@@ -81,6 +81,24 @@ def test_input_shapes_option():
 
 
 @WF_NEEDS_BUILD
+def test_missing_sources_names_what_a_train_net_cannot_read(wf_pb2, tmp_path):
+    from google.protobuf import text_format
+
+    there = tmp_path / "train_lmdb"
+    there.mkdir()
+    net = text_format.Parse(f"""
+        layer {{ name: "d" type: "Data" top: "x" data_param {{ source: "{there}" batch_size: 2 }}
+                transform_param {{ mean_file: "{tmp_path}/no_mean.binaryproto" }} include {{ phase: TRAIN }} }}
+        layer {{ name: "t" type: "Data" top: "x" data_param {{ source: "{tmp_path}/no_test_lmdb" }}
+                include {{ phase: TEST }} }}
+        layer {{ name: "h" type: "HDF5Data" top: "y" hdf5_data_param {{ source: "{tmp_path}/no_list.txt" }} }}
+        layer {{ name: "m" type: "MemoryData" top: "z" memory_data_param {{ batch_size: 2 }} }}
+    """, wf_pb2.NetParameter())
+    assert P.missing_sources(net, wf_pb2) == [
+        ("d", "mean file", f"{tmp_path}/no_mean.binaryproto"), ("h", "source", f"{tmp_path}/no_list.txt"),
+        ("m", "memory", "(fed by pycaffe, not by caffe train)")]
+
+
 def test_net_at_a_batch_size(wf_pb2, tmp_path):
     from cometctl.caffeproto import read_text_proto
 
@@ -208,6 +226,21 @@ def test_a_missing_data_source_suggests_synthetic_input(tmp_path):
     r = _cometctl("plan", "--solver", str(solver), "--cpu")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "nowhere_lmdb" in r.stderr and "--synthetic-input" in r.stderr
+    assert not list(tmp_path.glob("*.log"))  # nothing ran
+
+
+@WF_NEEDS_BUILD
+def test_a_dataset_being_prepared_is_not_planned_on(tmp_path):
+    from conftest import held_by_another_process
+
+    lmdb = tmp_path / "data" / "train_lmdb"
+    lmdb.mkdir(parents=True)
+    solver = _solver_with_net(tmp_path, TINY_NET.read_text().replace("data/synthetic/train_lmdb", str(lmdb)))
+    with held_by_another_process(tmp_path / "data"):
+        r = _cometctl("plan", "--solver", str(solver), "--cpu")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"reads {lmdb}, and another cometctl command is preparing a dataset in" in r.stderr
+    assert "--synthetic-input" in r.stderr
     assert not list(tmp_path.glob("*.log"))  # nothing ran
 
 
