@@ -157,7 +157,8 @@ COMET_HD bool max_of_window(const float* plane, int ph, int pw, const PoolGeomet
 
 // The forward of the pooled elements of code word wi (flattened over planes and pooled positions,
 // as the top blob is): their maxima into top, their codes packed in the word returned. *bad is
-// set for an empty window.
+// set for an empty window. The host's loop; the device kernel runs max_of_window per element and
+// gathers a word's codes from the lanes of a warp.
 COMET_HD uint32_t max_pool_word(const float* bottom, float* top, size_t count, int bits,
                                 size_t wi, const PoolGeometry& g, bool* bad) {
   const size_t per = 32 / bits;

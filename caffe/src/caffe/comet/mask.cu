@@ -106,19 +106,40 @@ __global__ void ReluBackwardKernel(const uint32_t* words, size_t count, const fl
   }
 }
 
-// Max pooling into codes: a thread per code word, each writing its elements' maxima and the word.
+// Max pooling into codes: a thread per pooled element, as upstream's MaxPoolForward (adjacent
+// threads read adjacent windows), and the codes of a word gathered from its lanes with shuffles.
+// A warp's 32 elements start at a multiple of 32 (blocks and the grid's stride are whole warps),
+// so a word's 32 / bits elements are lanes of one warp; every lane takes part in the shuffles.
 __global__ void PoolToCodesKernel(const float* bottom, float* top, size_t count, int bits,
-                                  comet_codes::PoolGeometry g, uint32_t* words, size_t nwords,
+                                  comet_codes::PoolGeometry g, uint32_t* words,
                                   uint32_t* popcount, int* bad) {
+  const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
+  const size_t plane = static_cast<size_t>(g.height) * g.width;
+  const int per = 32 / bits;
+  const int lane = threadIdx.x & 31;
   uint32_t pc = 0;
   int any_bad = 0;
-  for (size_t w = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; w < nwords;
-       w += static_cast<size_t>(blockDim.x) * gridDim.x) {
-    bool b = false;
-    const uint32_t word = comet_codes::max_pool_word(bottom, top, count, bits, w, g, &b);
-    words[w] = word;
-    pc += __popc(word);
-    any_bad |= b;
+  for (size_t base = blockIdx.x * static_cast<size_t>(blockDim.x) + (threadIdx.x - lane);
+       base < count; base += static_cast<size_t>(blockDim.x) * gridDim.x) {
+    const size_t i = base + lane;
+    uint32_t part = 0;
+    if (i < count) {
+      const size_t q = i / pooled, r = i - q * pooled;
+      float m = 0.f;
+      uint32_t code = 0;
+      if (!comet_codes::max_of_window(bottom + q * plane, static_cast<int>(r / g.pooled_width),
+                                      static_cast<int>(r % g.pooled_width), g, &m, &code)) {
+        any_bad = 1;
+        code = 0;
+      }
+      top[i] = m;
+      part = code << ((lane % per) * bits);
+    }
+    for (int o = per / 2; o > 0; o >>= 1) part |= __shfl_down_sync(0xffffffffu, part, o);
+    if (lane % per == 0 && i < count) {
+      words[i / per] = part;
+      pc += __popc(part);
+    }
   }
   AddPerWarp(pc, any_bad, popcount, bad);
 }
@@ -223,12 +244,11 @@ void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_
 void CometPoolToCodesGpu(const float* bottom, float* top, size_t count, int bits,
                          const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
                          bool* bad) {
-  const size_t nwords = comet_codes::words(count, bits);
   uint32_t* d_counts;  // [popcount, bad]
   CometGpuMalloc(reinterpret_cast<void**>(&d_counts), 2 * sizeof(uint32_t));
   CUDA_CHECK(cudaMemset(d_counts, 0, 2 * sizeof(uint32_t)));
-  PoolToCodesKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(
-      bottom, top, count, bits, g, words, nwords, d_counts, reinterpret_cast<int*>(d_counts + 1));
+  PoolToCodesKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(
+      bottom, top, count, bits, g, words, d_counts, reinterpret_cast<int*>(d_counts + 1));
   CUDA_POST_KERNEL_CHECK;
   uint32_t h[2];
   CUDA_CHECK(cudaMemcpy(h, d_counts, sizeof(h), cudaMemcpyDeviceToHost));
