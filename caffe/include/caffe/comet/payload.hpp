@@ -191,6 +191,7 @@ bool CometRebuild(const CometPayload& derived, const float* x, float* out, std::
 // freed before it returns, so no sample at a layer boundary sees it; the payload itself is
 // allocated at its exact size after sz_compress_device_plan).
 size_t CometEncoderHeldBytes();
+void CometReleaseEncoderBuffer();  // the held stream buffer goes (a store's end; tests)
 size_t CometTakeTransientPeak();
 
 // ReLU's backward straight from a sign mask (a MASK payload, or the sign mask of a LOSSY one),

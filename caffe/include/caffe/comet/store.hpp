@@ -112,6 +112,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   void DecodeAheadRebuilt(int entry, const shared_ptr<CometPayload>& p);
   void RebuildAhead(int entry);           // a REBUILD buffer of the next backward layers
   bool PoolHasRoomFor(size_t bytes) const;  // below the host pool's peak in use
+  void MakeRoomForForward(int layer);       // waits for encodes whose memory would raise it
   // A blob rebuilt from BatchNorm's x_norm_ (plan entry rebuild_from, CPU mode).
   float RebuildBound(const Entry& x_norm) const;
   std::function<void(Job*)> RebuildOrLossy(const Entry& e, const Blob<Dtype>* blob, float eb,

@@ -357,6 +357,7 @@ CometStore<Dtype>::~CometStore() {
   }
   jobs_.clear();
   TakePoolForwards(false);
+  CometReleaseEncoderBuffer();  // mapped for the largest blob this store encoded
   LeaveNet();
   // A describer left behind would point into this store (another store's goes too: harmless)
   CometSetReadContext("outside a COMET training step (its solver is gone)");
@@ -746,6 +747,30 @@ void CometStore<Dtype>::BeforeForward(int layer) {
   // before it does (upstream zero-fills fresh memory; COMET off allocates it only once).
   for (int k = 0; k < ids.size() && plan_.facts[layer].fills_whole; ++k)
     CometMarkFill(net_->blobs()[ids[k]]->data().get());
+  MakeRoomForForward(layer);
+}
+
+// An encode on the worker holds its dense input until it has run. A forward whose new memory
+// would take the host above the peak in use so far waits for them first (oldest first), so work
+// beside the step only uses memory the step has needed anyway, as decode_ahead's rule has it.
+// Without this, conv1's 297 MB (CaffeNet, batch 256) were still held, their mask being packed,
+// while norm1 wrote its output and scale: 33 MB above the peak of the same step done in order.
+template <typename Dtype>
+void CometStore<Dtype>::MakeRoomForForward(int layer) {
+  if (!worker_ || jobs_.empty() || !param_.memory_pool() || Caffe::mode() != Caffe::CPU) return;
+  size_t need = 0;
+  const std::vector<int>& ids = plan_.tops_written[layer];
+  for (int k = 0; k < ids.size(); ++k) {
+    const SyncedMemory* mem = net_->blobs()[ids[k]]->data().get();
+    if (mem->head() == SyncedMemory::UNINITIALIZED) need += mem->size();
+  }
+  const std::vector<int>& own = plan_.private_of_layer[layer];
+  for (int k = 0; k < own.size(); ++k) {
+    const Entry& e = entries_[own[k]];
+    if (e.action == ARGMAX && pool_layers_.count(net_->layers()[layer].get())) continue;  // codes
+    if (PrivateBuffer(e)->head() == SyncedMemory::UNINITIALIZED) need += PrivateBuffer(e)->size();
+  }
+  while (!jobs_.empty() && !PoolHasRoomFor(need)) Await(jobs_.front());
 }
 
 // Drops FILL markers that a layer's Forward (Backward) left untouched: no later access may skip
