@@ -109,9 +109,11 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   void Harvest();                         // finishes what has run, without waiting
   void FinishAll();
   void DecodeAhead(int layer);            // the stored inputs of the next backward layers
-  void DecodeAheadRebuilt(int entry, const shared_ptr<CometPayload>& p);
+  void DecodeAheadRebuilt(int entry, const shared_ptr<CometPayload>& p, size_t allocating);
   void RebuildAhead(int entry);           // a REBUILD buffer of the next backward layers
   bool PoolHasRoomFor(size_t bytes) const;  // below the host pool's peak in use
+  bool MayDecodeAhead(size_t bytes, size_t now) const;
+  size_t BackwardAllocates(int layer) const;
   void MakeRoomForForward(int layer);       // waits for encodes whose memory would raise it
   // A blob rebuilt from BatchNorm's x_norm_ (plan entry rebuild_from, CPU mode).
   float RebuildBound(const Entry& x_norm) const;

@@ -483,10 +483,45 @@ bool CometStore<Dtype>::PoolHasRoomFor(size_t bytes) const {
   return s.in_use + bytes <= s.peak_in_use;
 }
 
+// A decode ahead holds dense memory before its reader would. With the host pool: only in memory
+// the pool holds below its peak in use beside what the backward running now allocates (`now`,
+// BackwardAllocates): memory the backward pass has freed again, resident anyway (also past the
+// cap: both of LRN's 77 MB inputs in GoogLeNet at batch 32). With the cap alone CaffeNet's conv3
+// output (66 MB at batch 256) was decoded while conv5's backward wrote conv4's diff, at the first
+// step's peak: 1,512 against 1,452 MB RSS with every job in the step. Without the pool: the cap.
+template <typename Dtype>
+bool CometStore<Dtype>::MayDecodeAhead(size_t bytes, size_t now) const {
+  if (param_.memory_pool() && Caffe::mode() == Caffe::CPU) return PoolHasRoomFor(bytes + now);
+  return in_flight_ + bytes <= max_in_flight_;
+}
+
+// What a layer's backward is about to allocate: its bottoms' diffs not allocated yet and the
+// stored inputs it restores on demand (started ahead ones are dense already).
+template <typename Dtype>
+size_t CometStore<Dtype>::BackwardAllocates(int layer) const {
+  size_t bytes = 0;
+  const std::vector<Blob<Dtype>*>& bottoms = net_->bottom_vecs()[layer];
+  for (int k = 0; k < bottoms.size(); ++k) {
+    const SyncedMemory* diff = bottoms[k]->diff().get();
+    if (net_->bottom_need_backward()[layer][k] && diff->head() == SyncedMemory::UNINITIALIZED)
+      bytes += diff->size();
+  }
+  const std::vector<int>& reads = plan_.backward_reads[layer];
+  for (int k = 0; k < reads.size(); ++k) {
+    const Entry& e = entries_[reads[k]];
+    SyncedMemory* mem = EntryMemory(e);
+    const CometPayload* p = mem->comet_payload().get();
+    if (p && (p->kind() == CometPayload::LOSSY || p->kind() == CometPayload::DERIVED))
+      bytes += mem->size();
+  }
+  return bytes;
+}
+
 template <typename Dtype>
 void CometStore<Dtype>::DecodeAhead(int layer) {
   if (!worker_ || param_.decode_ahead() == 0) return;
   const std::vector<int>& now = plan_.backward_reads[layer];
+  const size_t allocating = BackwardAllocates(layer);
   int layers = 0;
   for (int i = layer - 1; i >= 0 && layers < param_.decode_ahead(); --i) {
     const std::vector<int>& reads = plan_.backward_reads[i];
@@ -501,15 +536,12 @@ void CometStore<Dtype>::DecodeAhead(int layer) {
       // Dense (kept, or restored already), on its way, or on the GPU: nothing to start.
       if (!p || p != e.stored || p->on_device() || p->kind() == CometPayload::MASK) continue;
       if (p->kind() == CometPayload::ARGMAX && param_.pool_codes()) continue;  // read as codes
-      // Past the cap it is decoded on demand, as without decode_ahead (no waiting here), unless
-      // the host pool has room for it below its peak in use: the memory a backward pass has
-      // freed again, resident anyway, not more (a decode ahead of both of LRN's 77 MB inputs
-      // in GoogLeNet at batch 32, past the cap of its largest blob).
+      // Where it may not (MayDecodeAhead) it is decoded on demand, as without decode_ahead.
       if (p->kind() == CometPayload::DERIVED) {
-        DecodeAheadRebuilt(x, p);
+        DecodeAheadRebuilt(x, p, allocating);
         continue;
       }
-      if (in_flight_ + mem->size() > max_in_flight_ && !PoolHasRoomFor(mem->size())) continue;
+      if (!MayDecodeAhead(mem->size(), allocating)) continue;
       float* out = InFlightDenseFor(mem, *p, "the data of blob '" + e.blob + "'");
       shared_ptr<Job> job(new Job(Job::DECODE, x, mem));
       job->payload = p;
@@ -599,7 +631,8 @@ void CometStore<Dtype>::RebuildAhead(int x) {
 // Convolution, Scale and BatchNorm that read it. Otherwise (x_norm_ on its way, or past the cap)
 // its reader restores it on demand, decoding the stream on its own.
 template <typename Dtype>
-void CometStore<Dtype>::DecodeAheadRebuilt(int x, const shared_ptr<CometPayload>& p) {
+void CometStore<Dtype>::DecodeAheadRebuilt(int x, const shared_ptr<CometPayload>& p,
+                                           size_t allocating) {
   Entry& e = entries_[x];
   SyncedMemory* mem = EntryMemory(e);
   const Entry& xn = entries_[e.rebuild_from];
@@ -609,7 +642,7 @@ void CometStore<Dtype>::DecodeAheadRebuilt(int x, const shared_ptr<CometPayload>
   const bool stream = xp && xp == xn.stored && xp == p->source;
   if (!dense && !stream) return;
   const size_t bytes = mem->size() + (stream ? xmem->size() : 0);
-  if (in_flight_ + bytes > max_in_flight_ && !PoolHasRoomFor(bytes)) return;
+  if (!MayDecodeAhead(bytes, allocating)) return;
   shared_ptr<Job> job(new Job(Job::DECODE, x, mem));
   job->payload = p;
   job->bytes = bytes;

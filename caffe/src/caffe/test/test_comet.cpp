@@ -2419,38 +2419,61 @@ TEST_F(CometStoreTest, MaxPoolingKeepsItsArgmaxAsCodesOnly) { CheckPoolCodes(); 
 // backward layer ahead. The work and its inputs are the same as in the step, so training is
 // bit-identical to async: false, with adaptive bounds measured on the way (update_interval 2),
 // lossy BatchNorm x_norm_, argmax and Dropout codes, LRN and a residual branch.
-// An encode on the worker holds its dense input until it has run; a forward whose new memory
-// would raise the host's peak in use waits for it first. As in CaffeNet: conv1's output is packed
-// as a sign mask after pool1's forward (its last reader) while norm1 writes its output and scale,
-// which in order come after conv1's output is freed. With the worker the peak in use is no higher
-// than with every encode done in the step (decode_ahead off: the backward has its own rule).
-TEST_F(CometStoreTest, WorkBesideTheForwardStaysBelowThePeakOfTheStepInOrder) {
-  const std::string net =
-      "name: 'beside' "
+// The worker's jobs hold dense memory: an encode its input until it has run, a decode ahead its
+// output before the reader needs it. Neither may raise the host's peak in use above that of the
+// step done in order (async: false). Forward, as in CaffeNet: conv1's output is packed as a sign
+// mask after pool1's forward (its last reader) while norm1 writes its output and scale; a forward
+// whose new memory would raise the peak waits for the encodes first. Backward: conv3's backward
+// writes conv2's diff and restores conv2's output while conv1's output could be decoded ahead
+// for conv2; that decode waits unless the pool has room for it beside what conv3's backward
+// allocates.
+TEST_F(CometStoreTest, WorkBesideTheStepStaysBelowThePeakOfTheStepInOrder) {
+  const std::string data =
       "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
       "  dummy_data_param { shape { dim: 8 dim: 3 dim: 64 dim: 64 } shape { dim: 8 } "
-      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3.99 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3.99 } } } ";
+  const std::string conv =  // conv<k>: 32 maps of the input's size from `bottom`
+      "layer { name: 'convK' type: 'Convolution' bottom: 'BOTTOM' top: 'convK' "
       "  convolution_param { num_output: 32 kernel_size: 3 pad: 1 engine: CAFFE "
-      "    weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' relu_param { engine: CAFFE } } "
-      "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
-      "  pooling_param { pool: MAX kernel_size: 2 stride: 2 engine: CAFFE } } "
-      "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' "
-      "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 engine: CAFFE } } "
-      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'norm1' top: 'ip1' "
+      "    weight_filler { type: 'gaussian' std: 0.05 } } } ";
+  const std::string head =
+      "layer { name: 'ip1' type: 'InnerProduct' bottom: 'TOP' top: 'ip1' "
       "  inner_product_param { num_output: 4 weight_filler { type: 'gaussian' std: 0.01 } } } "
       "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip1' bottom: 'label' top: 'loss' } ";
-  size_t peak[2];
-  for (int async = 0; async < 2; ++async) {
-    shared_ptr<Solver<float> > s = SolverFor(
-        net, std::string("comet { eb_mode: FIXED error_bound: 1e-4 decode_ahead: 0 async: ") +
-                 (async ? "true" : "false") + " }", "0.001");
-    Run(s.get(), 3);
-    peak[async] = CometHostPoolQuery().peak_in_use;  // this store's, while it lives
+  const auto layer = [](std::string text, const std::string& k, const std::string& bottom) {
+    for (size_t at; (at = text.find("K")) != std::string::npos;) text.replace(at, 1, k);
+    text.replace(text.find("BOTTOM"), 6, bottom);
+    return text;
+  };
+  const auto ending = [&](const std::string& top) {
+    std::string text = head;
+    return text.replace(text.find("TOP"), 3, top);
+  };
+  const std::string nets[2] = {
+      // the forward's case (conv1 4 MB, pool1 and norm1 1 MB)
+      data + layer(conv, "1", "data") +
+          "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' relu_param { engine: CAFFE } } "
+          "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+          "  pooling_param { pool: MAX kernel_size: 2 stride: 2 engine: CAFFE } } "
+          "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' "
+          "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 engine: CAFFE } } " + ending("norm1"),
+      // the backward's case: four 4 MB convolutions, the backward's moments the largest
+      data + layer(conv, "1", "data") + layer(conv, "2", "conv1") + layer(conv, "3", "conv2") +
+          layer(conv, "4", "conv3") + ending("conv4")};
+  for (int n = 0; n < 2; ++n) {
+    size_t peak[2];
+    for (int async = 0; async < 2; ++async) {
+      shared_ptr<Solver<float> > s = SolverFor(
+          "name: 'beside' " + nets[n], std::string("comet { eb_mode: FIXED error_bound: 1e-4 "
+                                                   "async: ") + (async ? "true" : "false") + " }",
+          "0.001");
+      Run(s.get(), 3);
+      peak[async] = CometHostPoolQuery().peak_in_use;  // this store's, while it lives
+    }
+    EXPECT_GT(peak[0], 0u);
+    EXPECT_LE(peak[1], peak[0]) << (n ? "backward" : "forward")
+                                << ": the worker's jobs raised the peak in use";
   }
-  EXPECT_GT(peak[0], 0u);
-  EXPECT_LE(peak[1], peak[0]) << "the worker's encodes raised the peak in use";
 }
 
 TEST_F(CometStoreTest, AsyncWorkTrainsBitIdenticallyToWorkInTheStep) {
