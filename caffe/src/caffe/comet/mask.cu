@@ -164,22 +164,30 @@ int Blocks(size_t n) {
   return static_cast<int>(b < 4096 ? (b ? b : 1) : 4096);
 }
 
-}  // namespace
-
-void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* popcount,
-                      bool* nonfinite) {
-  const size_t nwords = comet_mask::words(count);
-  uint32_t* d_counts;  // [popcount, nonfinite]
+// Runs `launch(popcount, flag)` on two device counters set to 0 and reads them back: the
+// popcount a kernel summed and whether any thread raised its flag.
+template <typename Launch>
+void LaunchCounting(Launch launch, uint32_t* popcount, bool* flag) {
+  uint32_t* d_counts;  // [popcount, flag]
   CometGpuMalloc(reinterpret_cast<void**>(&d_counts), 2 * sizeof(uint32_t));
   CUDA_CHECK(cudaMemset(d_counts, 0, 2 * sizeof(uint32_t)));
-  PackKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(
-      x, count, words, nwords, d_counts, reinterpret_cast<int*>(d_counts + 1));
+  launch(d_counts, reinterpret_cast<int*>(d_counts + 1));
   CUDA_POST_KERNEL_CHECK;
   uint32_t h[2];
   CUDA_CHECK(cudaMemcpy(h, d_counts, sizeof(h), cudaMemcpyDeviceToHost));
   CometGpuFree(d_counts, 2 * sizeof(uint32_t));
   *popcount = h[0];
-  *nonfinite = h[1] != 0;
+  *flag = h[1] != 0;
+}
+
+}  // namespace
+
+void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* popcount,
+                      bool* nonfinite) {
+  const size_t nwords = comet_mask::words(count);
+  LaunchCounting([&](uint32_t* pc, int* flag) {
+    PackKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(x, count, words, nwords, pc, flag);
+  }, popcount, nonfinite);
 }
 
 // Sets *popcount to the popcount of a device bit stream (for the callers' checks).
@@ -211,17 +219,10 @@ void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
                        const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
                        uint32_t* words, uint32_t* popcount, bool* bad) {
   const size_t nwords = comet_codes::words(count, bits);
-  uint32_t* d_counts;  // [popcount, bad]
-  CometGpuMalloc(reinterpret_cast<void**>(&d_counts), 2 * sizeof(uint32_t));
-  CUDA_CHECK(cudaMemset(d_counts, 0, 2 * sizeof(uint32_t)));
-  PackCodesKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(
-      v, count, bits, argmax, g, r, words, nwords, d_counts, reinterpret_cast<int*>(d_counts + 1));
-  CUDA_POST_KERNEL_CHECK;
-  uint32_t h[2];
-  CUDA_CHECK(cudaMemcpy(h, d_counts, sizeof(h), cudaMemcpyDeviceToHost));
-  CometGpuFree(d_counts, 2 * sizeof(uint32_t));
-  *popcount = h[0];
-  *bad = h[1] != 0;
+  LaunchCounting([&](uint32_t* pc, int* flag) {
+    PackCodesKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(v, count, bits, argmax, g, r,
+                                                                words, nwords, pc, flag);
+  }, popcount, bad);
 }
 
 void CometCodesUnpackGpu(const uint32_t* words, size_t count, int bits, bool argmax,
@@ -244,17 +245,10 @@ void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_
 void CometPoolToCodesGpu(const float* bottom, float* top, size_t count, int bits,
                          const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
                          bool* bad) {
-  uint32_t* d_counts;  // [popcount, bad]
-  CometGpuMalloc(reinterpret_cast<void**>(&d_counts), 2 * sizeof(uint32_t));
-  CUDA_CHECK(cudaMemset(d_counts, 0, 2 * sizeof(uint32_t)));
-  PoolToCodesKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(
-      bottom, top, count, bits, g, words, d_counts, reinterpret_cast<int*>(d_counts + 1));
-  CUDA_POST_KERNEL_CHECK;
-  uint32_t h[2];
-  CUDA_CHECK(cudaMemcpy(h, d_counts, sizeof(h), cudaMemcpyDeviceToHost));
-  CometGpuFree(d_counts, 2 * sizeof(uint32_t));
-  *popcount = h[0];
-  *bad = h[1] != 0;
+  LaunchCounting([&](uint32_t* pc, int* flag) {
+    PoolToCodesKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(bottom, top, count, bits, g,
+                                                                 words, pc, flag);
+  }, popcount, bad);
 }
 
 void CometPoolBackwardGpu(const uint32_t* words, size_t count, int bits,

@@ -315,17 +315,33 @@ uint32_t HostPopcount(const uint32_t* words, size_t total_bits) {
   return popcount;
 }
 
+// An ARGMAX or BINARY payload with room for `count` codes of `bits` bits.
+shared_ptr<CometPayload> NewCodes(CometPayload::Kind kind, size_t count, int bits,
+                                  const comet_codes::PoolGeometry& g,
+                                  const comet_codes::BinaryRule& r, bool on_device,
+                                  const std::string& name) {
+  shared_ptr<CometPayload> p(new CometPayload(kind, on_device, count, name));
+  p->Allocate(comet_codes::words(count, bits) * sizeof(uint32_t));
+  p->code_bits = bits;
+  p->pool = g;
+  p->binary = r;
+  return p;
+}
+
+// Whether a codes payload has the width its kind and window give, and the bytes that takes.
+bool CodeWidthMatches(const CometPayload& p) {
+  const bool argmax = p.kind() == CometPayload::ARGMAX;
+  return comet_codes::bits_for(argmax ? p.pool.kernel_h * p.pool.kernel_w : 2) == p.code_bits &&
+         p.bytes() == comet_codes::words(p.count(), p.code_bits) * sizeof(uint32_t);
+}
+
 shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, size_t count,
                                      int bits, const comet_codes::PoolGeometry& g,
                                      const comet_codes::BinaryRule& r, bool on_device,
                                      const std::string& name) {
-  shared_ptr<CometPayload> p(new CometPayload(kind, on_device, count, name));
+  shared_ptr<CometPayload> p = NewCodes(kind, count, bits, g, r, on_device, name);
   const bool argmax = kind == CometPayload::ARGMAX;
   const size_t nwords = comet_codes::words(count, bits);
-  p->Allocate(nwords * sizeof(uint32_t));
-  p->code_bits = bits;
-  p->pool = g;
-  p->binary = r;
   bool bad = false;
   uint32_t popcount = 0;
   if (!on_device && argmax) {
@@ -374,8 +390,7 @@ shared_ptr<CometPayload> EncodeCodes(CometPayload::Kind kind, const int32_t* v, 
 
 bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
   const bool argmax = p.kind() == CometPayload::ARGMAX;
-  if (comet_codes::bits_for(argmax ? p.pool.kernel_h * p.pool.kernel_w : 2) != p.code_bits ||
-      p.bytes() != comet_codes::words(p.count(), p.code_bits) * sizeof(uint32_t)) {
+  if (!CodeWidthMatches(p)) {
     *error = "code width does not match";
     return false;
   }
@@ -444,12 +459,8 @@ shared_ptr<CometPayload> CometPoolToCodes(const float* bottom, float* top, size_
   const int bits = comet_codes::bits_for(g.kernel_h * g.kernel_w);
   const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
   if (bits == 0 || pooled == 0 || count % pooled) return shared_ptr<CometPayload>();
-  shared_ptr<CometPayload> p(new CometPayload(CometPayload::ARGMAX, on_device, count, name));
-  const size_t nwords = comet_codes::words(count, bits);
-  p->Allocate(nwords * sizeof(uint32_t));
-  p->code_bits = bits;
-  p->pool = g;
-  p->binary = comet_codes::BinaryRule{0, 1};
+  shared_ptr<CometPayload> p = NewCodes(CometPayload::ARGMAX, count, bits, g,
+                                        comet_codes::BinaryRule{0, 1}, on_device, name);
   uint32_t popcount = 0;
   bool bad = false;
   if (!on_device) {
@@ -479,8 +490,7 @@ bool CometPoolBackwardFromCodes(const CometPayload& codes, const float* top_diff
   const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
   const size_t plane = static_cast<size_t>(g.height) * g.width;
   if (codes.kind() != CometPayload::ARGMAX || pooled == 0 || codes.count() % pooled ||
-      comet_codes::bits_for(g.kernel_h * g.kernel_w) != codes.code_bits ||
-      codes.bytes() != comet_codes::words(codes.count(), codes.code_bits) * sizeof(uint32_t)) {
+      !CodeWidthMatches(codes)) {
     *error = "not max pooling codes of this shape";
     return false;
   }

@@ -801,7 +801,8 @@ void CometStore<Dtype>::MakeRoomForForward(int layer) {
   for (int k = 0; k < own.size(); ++k) {
     const Entry& e = entries_[own[k]];
     if (e.action == ARGMAX && pool_layers_.count(net_->layers()[layer].get())) continue;  // codes
-    if (PrivateBuffer(e)->head() == SyncedMemory::UNINITIALIZED) need += PrivateBuffer(e)->size();
+    const SyncedMemory* mem = PrivateBuffer(e);
+    if (mem->head() == SyncedMemory::UNINITIALIZED) need += mem->size();
   }
   while (!jobs_.empty() && !PoolHasRoomFor(need)) Await(jobs_.front());
 }
@@ -1124,38 +1125,53 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
 template <typename Dtype>
 void CometStore<Dtype>::ReluBackwardFromMask(int layer) {
   const int b = net_->bottom_ids(layer)[0];
-  std::vector<bool>& propagate =
-      const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer]);
-  if (plan_.entry_of_blob[b] < 0 || !propagate[0]) return;
+  if (plan_.entry_of_blob[b] < 0 || !net_->bottom_need_backward()[layer][0]) return;
   const Entry& e = entries_[plan_.entry_of_blob[b]];
   const CometPayload* mask = !e.stored ? NULL
                              : e.action == MASK ? e.stored.get() : e.stored->sign_mask.get();
   if (!mask) return;  // kept dense this step (NaN or Inf in the input): ReLU runs as usual
+  CHECK_EQ(static_cast<size_t>(net_->bottom_vecs()[layer][0]->count()), mask->count())
+      << "COMET: " << e.blob;
+  const float slope = net_->layers()[layer]->layer_param().relu_param().negative_slope();
+  // Codec time, not a wait: it takes the place of ReLU's own backward, which reads more.
+  BackwardInPlaceOf(layer, e, mask->on_device(),
+                    "the sign mask of blob '" + e.blob + "' is corrupt", "it",
+                    "a corrupt sign mask", [&](const float* top_diff, float* bottom_diff,
+                                               std::string* error) {
+    return CometReluBackward(*mask, top_diff, bottom_diff, slope, error);
+  });
+}
+
+// The store computes a layer's backward in its place (ReLU from its sign mask, max pooling from
+// its codes): `compute(top_diff, bottom_diff, &error)` writes every value of the first bottom's
+// diff from the first top's (device memory when `dev`), and Net skips the layer's own backward
+// for this step: Net passes bottom_need_backward to it, and with the flag false the layer leaves
+// the diff as it is (AfterBackward sets it back). On failure what it wrote is no gradient: freed,
+// so that a reader who catches the error (pycaffe) and reads the diff fails too. `corrupt` and
+// `it` word the error, `unfinished_by` the freed diff's marker.
+template <typename Dtype>
+void CometStore<Dtype>::BackwardInPlaceOf(
+    int layer, const Entry& e, bool dev, const std::string& corrupt, const char* it,
+    const std::string& unfinished_by,
+    const std::function<bool(const float*, float*, std::string*)>& compute) {
   Blob<Dtype>* top = net_->top_vecs()[layer][0];
   Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
-  CHECK_EQ(static_cast<size_t>(bottom->count()), mask->count()) << "COMET: " << e.blob;
-  const float slope = net_->layers()[layer]->layer_param().relu_param().negative_slope();
-  const bool dev = mask->on_device();
   const Clock::time_point start = Clock::now();
   const float* top_diff = reinterpret_cast<const float*>(dev ? top->gpu_diff() : top->cpu_diff());
-  CometFillWhole whole(bottom->diff().get());  // CometReluBackward writes every value
+  CometFillWhole whole(bottom->diff().get());  // compute writes every value
   float* bottom_diff = reinterpret_cast<float*>(dev ? bottom->mutable_gpu_diff()
                                                     : bottom->mutable_cpu_diff());
   std::string error;
-  if (!CometReluBackward(*mask, top_diff, bottom_diff, slope, &error)) {
-    // What it wrote from the corrupt mask is no gradient: freed, so that a reader who catches
-    // the error (pycaffe) and reads the diff fails too.
-    CometMarkReleased(bottom->diff().get(), "diff of blob '" + net_->blob_names()[b] +
-                      "', left unfinished by a corrupt sign mask,");
-    CometFatal("COMET: the sign mask of blob '" + e.blob + "' is corrupt (" + error +
-               "), read by " + CometReadContext() + "; refusing to use it");
+  if (!compute(top_diff, bottom_diff, &error)) {
+    CometMarkReleased(bottom->diff().get(), "diff of blob '" +
+                      net_->blob_names()[net_->bottom_ids(layer)[0]] + "', left unfinished by " +
+                      unfinished_by + ",");
+    CometFatal("COMET: " + corrupt + " (" + error + "), read by " + CometReadContext() +
+               "; refusing to use " + it);
     return;
   }
-  // Codec time, not a wait: it takes the place of ReLU's own backward, which reads more.
   e.timing->decode_ms += CometMsSince(start);
-  // Net passes this vector to ReLU's Backward; with it false ReLU leaves the diff as it is.
-  // AfterBackward sets it back.
-  propagate[0] = false;
+  const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = false;
   backward_skipped_[layer] = true;
 }
 
@@ -1214,7 +1230,6 @@ bool CometStore<Dtype>::TakeForward(const Layer<Dtype>* layer, const Blob<Dtype>
                                                 CometLayerAccess<Dtype>::geometry(pool),
                                                 on_device, e.blob);
   if (!p) return false;  // a geometry codes cannot hold: the layer's forward runs
-  if (mem->comet_payload()) mem->comet_payload().reset();
   Hold(&e, mem, p);
   // Codec time, as ReLU's backward from its mask: it takes the place of the layer's forward.
   e.encode_ms += CometMsSince(start);
@@ -1228,40 +1243,25 @@ template <typename Dtype>
 void CometStore<Dtype>::PoolBackwardFromCodes(int layer) {
   const int x = ArgmaxEntry(layer);
   if (x < 0 || !net_->layer_need_backward()[layer]) return;
-  std::vector<bool>& propagate =
-      const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer]);
   const Entry& e = entries_[x];
   // Dense (restored for a reader, or kept this step): the layer's own backward reads it.
-  if (!propagate[0] || !e.stored || e.stored->kind() != CometPayload::ARGMAX ||
-      PrivateBuffer(e)->comet_payload() != e.stored) {
+  if (!net_->bottom_need_backward()[layer][0] || !e.stored ||
+      e.stored->kind() != CometPayload::ARGMAX || PrivateBuffer(e)->comet_payload() != e.stored) {
     return;
   }
-  Blob<Dtype>* top = net_->top_vecs()[layer][0];
-  Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
   const CometPayload& codes = *e.stored;
   const comet_codes::PoolGeometry& g = codes.pool;
-  CHECK_EQ(static_cast<size_t>(top->count()), codes.count()) << "COMET: " << e.blob;
-  CHECK_EQ(static_cast<size_t>(bottom->count()),
+  CHECK_EQ(static_cast<size_t>(net_->top_vecs()[layer][0]->count()), codes.count())
+      << "COMET: " << e.blob;
+  CHECK_EQ(static_cast<size_t>(net_->bottom_vecs()[layer][0]->count()),
            codes.count() / (static_cast<size_t>(g.pooled_height) * g.pooled_width) * g.height *
                g.width) << "COMET: " << e.blob;
-  const bool dev = codes.on_device();
-  const Clock::time_point start = Clock::now();
-  const float* top_diff = reinterpret_cast<const float*>(dev ? top->gpu_diff() : top->cpu_diff());
-  CometFillWhole whole(bottom->diff().get());  // every value is written
-  float* bottom_diff = reinterpret_cast<float*>(dev ? bottom->mutable_gpu_diff()
-                                                    : bottom->mutable_cpu_diff());
-  std::string error;
-  if (!CometPoolBackwardFromCodes(codes, top_diff, bottom_diff, &error)) {
-    CometMarkReleased(bottom->diff().get(), "diff of blob '" +
-                      net_->blob_names()[net_->bottom_ids(layer)[0]] +
-                      "', left unfinished by corrupt argmax codes,");
-    CometFatal("COMET: the argmax codes of '" + e.blob + "' are corrupt (" + error +
-               "), read by " + CometReadContext() + "; refusing to use them");
-    return;
-  }
-  e.timing->decode_ms += CometMsSince(start);
-  propagate[0] = false;  // AfterBackward sets it back
-  backward_skipped_[layer] = true;
+  BackwardInPlaceOf(layer, e, codes.on_device(),
+                    "the argmax codes of '" + e.blob + "' are corrupt", "them",
+                    "corrupt argmax codes", [&](const float* top_diff, float* bottom_diff,
+                                                std::string* error) {
+    return CometPoolBackwardFromCodes(codes, top_diff, bottom_diff, error);
+  });
 }
 
 template <typename Dtype>
