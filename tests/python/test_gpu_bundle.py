@@ -477,7 +477,7 @@ def test_gpu_check_without_a_gpu_names_each_step_and_writes_few_files(bundle, tm
     summary = (out / "summary.txt").read_text()
     assert summary.startswith("COMET-Caffe GPU check: FAIL")
     for step in ("device", "gtest-comet", "gtest-every-solver", "gtest-comet-cudnn", "sz-test-gpu", "sz-bench", "train-runtime", "train-caffenet-off",
-                 "train-caffenet-on", "train-caffenet-cudnn-off", "train-caffenet-cudnn-on", "train-resnet18-off",
+                 "train-caffenet-on", "train-caffenet-sync", "train-caffenet-cudnn-off", "train-caffenet-cudnn-on", "train-resnet18-off",
                  "train-resnet18-on", "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "plan-caffenet", "plan-cometctl", "resume-resnet18", "resume-caffenet", "gtest-upstream", "gtest-upstream-gradients", "gtest-comet-rest",
                  "gtest-upstream-double"):
         assert re.search(rf"^{re.escape(step)} +(PASS|FAIL|TIMEOUT|SKIP) ", summary, re.M), (step, summary)

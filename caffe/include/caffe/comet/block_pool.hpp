@@ -63,13 +63,27 @@ const size_t kMaxPiecesPerBlock = 256;
 // it with at most an eighth of it, or one rounding step, of waste (Fits). A device request that no
 // cached block serves makes room first (MakeRoom): the cache is trimmed before the new block is
 // allocated, not after, so the device never holds the full cache and the new block at once.
+//
+// Device blocks and streams: Caffe queues all its work on the default stream, so a block given
+// back while kernels still read it is safe for the next allocation on that stream. A store's
+// worker encodes and decodes on a stream of its own (stream.hpp); while any does (`fenced`), a
+// block given back records an event on the stream it was given back from, and a taker on another
+// stream makes its stream wait for that event (on the device: the host goes on). A block cached
+// before fencing began was used on the default stream only: a taker on another stream waits for
+// everything queued there so far.
 class BlockPool {
  public:
   typedef std::pair<int, size_t> Key;
   typedef void (*FreeFn)(void* ptr, size_t size);
-  BlockPool(FreeFn free_fn, bool movable_pages)
-      : enabled(0), headroom(0), in_use(0), cached(0), peak_in_use(0), peak_held(0), hits(0),
-        misses(0), evicted(0), free_fn_(free_fn), movable_pages_(movable_pages) {}
+  struct Fences {
+    void* (*record)(void* event, void* stream);  // records on stream (a new event when NULL)
+    void (*wait)(void* event, void* stream);     // stream waits for the event
+    void (*destroy)(void* event);
+  };
+  BlockPool(FreeFn free_fn, bool movable_pages, const Fences* fences = NULL)
+      : enabled(0), headroom(0), fenced(0), in_use(0), cached(0), peak_in_use(0), peak_held(0),
+        hits(0), misses(0), evicted(0), free_fn_(free_fn), movable_pages_(movable_pages),
+        fences_(fences) {}
 
   static size_t RoundingStep(size_t size) {
     return size >= (size_t(1) << 20) ? size_t(2) << 20 : 512;
@@ -81,8 +95,8 @@ class BlockPool {
     return (size + step - 1) / step * step;
   }
   // A cached block for key, or NULL (the caller allocates BlockBytes(key.second) and calls
-  // Track with that size).
-  void* Take(const Key& asked) {
+  // Track with that size). `stream`: where the taker uses it (device pools; NULL: the default).
+  void* Take(const Key& asked, void* stream = NULL) {
     const Key key(asked.first, BlockBytes(asked.second));
     requests_.push_back(key);
     std::multimap<Key, std::list<Block>::iterator>::iterator it = by_key_.lower_bound(key);
@@ -91,16 +105,26 @@ class BlockPool {
       ++misses;
       return NULL;
     }
-    const Block b = *it->second;
+    Block b = *it->second;
+    it->second->event = NULL;  // goes with the block
     Uncache(it->second);
     ++hits;
-    Track(b.ptr, b.key.second, b.pieces);
+    if (fences_ && fenced) {
+      if (!b.marked && stream) {  // used on the default stream, before fencing began
+        b.event = fences_->record(b.event, NULL);
+        fences_->wait(b.event, stream);
+      } else if (b.marked && b.stream != stream) {
+        fences_->wait(b.event, stream);
+      }
+    }
+    Track(b.ptr, b.key.second, b.pieces, b.event);
     return b.ptr;
   }
-  void Track(void* ptr, size_t size, const Pieces& pieces = Pieces()) {
+  void Track(void* ptr, size_t size, const Pieces& pieces = Pieces(), void* event = NULL) {
     Live& l = live_[ptr];
     l.size = size;
     l.pieces = pieces;
+    l.event = event;  // kept for the block's next Give
     if (movable_pages_ && l.pieces.empty()) {
       const Piece whole = {static_cast<char*>(ptr), RoundToPages(size)};
       l.pieces.push_back(whole);
@@ -117,26 +141,30 @@ class BlockPool {
     const size_t cap = peak + static_cast<size_t>(headroom * peak);
     while (!lru_.empty() && in_use + cached + bytes > cap) Evict(Victim());
   }
-  // Takes back a block the pool handed out (key: its device and the size asked for): cached, or
-  // freed when the pool is off. False for any other block, which the caller frees itself.
-  bool Give(void* ptr, const Key& key) {
+  // Takes back a block the pool handed out (key: its device and the size asked for), last used
+  // on `stream`: cached, or freed when the pool is off. False for any other block, which the
+  // caller frees itself.
+  bool Give(void* ptr, const Key& key, void* stream = NULL) {
     std::map<void*, Live>::iterator it = live_.find(ptr);
     if (it == live_.end()) return false;
     in_use -= it->second.size;
-    Block b = {Key(key.first, it->second.size), ptr, Pieces()};
+    Block b = {Key(key.first, it->second.size), ptr, Pieces(), it->second.event, stream, false};
     b.pieces.swap(it->second.pieces);
     live_.erase(it);
     if (!enabled) {
-      free_fn_(ptr, b.key.second);
+      Free(b);
       return true;
+    }
+    if (fences_ && fenced) {
+      b.event = fences_->record(b.event, stream);
+      b.marked = true;
     }
     Cache(b);
     Trim();
     return true;
   }
   void ReleaseCached() {
-    for (std::list<Block>::iterator it = lru_.begin(); it != lru_.end(); ++it)
-      free_fn_(it->ptr, it->key.second);
+    for (std::list<Block>::iterator it = lru_.begin(); it != lru_.end(); ++it) Free(*it);
     evicted += lru_.size();
     lru_.clear();
     by_key_.clear();
@@ -163,6 +191,7 @@ class BlockPool {
   boost::mutex mutex;
   int enabled;
   double headroom;  // the cache may reach (1 + headroom) x the peak in use
+  int fenced;       // streams besides the default one in use (device pools)
   size_t in_use, cached, peak_in_use;
   size_t peak_held;  // the most in use and cached together (what the process or device held)
   size_t hits, misses, evicted;
@@ -172,7 +201,14 @@ class BlockPool {
     Key key;  // device, and the bytes the block has
     void* ptr;
     Pieces pieces;
+    void* event;   // device pools: an event of the pool's own, or NULL
+    void* stream;  // the stream it was given back from
+    bool marked;   // event recorded there when it was given back
   };
+  void Free(const Block& b) {
+    free_fn_(b.ptr, b.key.second);  // cudaFree waits for the device: no fence needed
+    if (b.event) fences_->destroy(b.event);
+  }
   // A request is served by a cached block of its own size, or on a device by a larger one that
   // wastes at most an eighth of the request or one rounding step, whichever is more (host pages
   // move, so host blocks match exactly).
@@ -221,7 +257,7 @@ class BlockPool {
     while (!lru_.empty() && in_use + cached > cap) Evict(Victim());
   }
   void Evict(std::list<Block>::iterator victim) {
-    free_fn_(victim->ptr, victim->key.second);
+    Free(*victim);
     Uncache(victim);
     ++evicted;
   }
@@ -234,7 +270,7 @@ class BlockPool {
     size_t filled = 0;
     while (filled < len && !lru_.empty() && pieces.size() < kMaxPiecesPerBlock) {
       std::list<Block>::iterator source = Victim();
-      Block rest = {Key(), NULL, Pieces()};
+      Block rest = {Key(), NULL, Pieces(), NULL, NULL, false};
       for (size_t i = 0; i < source->pieces.size(); ++i) {
         Piece p = source->pieces[i];
         if (filled == len || pieces.size() == kMaxPiecesPerBlock) {
@@ -273,6 +309,7 @@ class BlockPool {
   struct Live {
     size_t size;
     Pieces pieces;  // host blocks: the mappings the block is made of, in order
+    void* event;    // device blocks: the event it had in the cache, recorded again at Give
   };
   std::list<Block> lru_;  // cached blocks, oldest first
   std::vector<Key> requests_, last_step_;  // sizes asked for in this step and in the last
@@ -280,6 +317,7 @@ class BlockPool {
   std::map<void*, Live> live_;
   FreeFn free_fn_;
   bool movable_pages_;  // host memory: pages may move between blocks (mremap)
+  const Fences* fences_;
 };
 
 }  // namespace caffe

@@ -28,6 +28,9 @@ void CometHostPoolEnable(bool on);
 void CometGpuMalloc(void** ptr, size_t size);
 void CometGpuFree(void* ptr, size_t size);
 void CometGpuPoolEnable(bool on);
+// A stream besides the default one allocates from the device pools (on: one more, off: one
+// fewer): blocks then carry events between streams (block_pool.hpp).
+void CometGpuPoolFence(bool on);
 
 class SyncedMemory;
 // Upstream zero-fills fresh host and device memory when it is first accessed. Memory that the

@@ -13,6 +13,7 @@
 #include "caffe/comet/plan.hpp"
 #include "caffe/comet/pool_codes.hpp"
 #include "caffe/comet/statistics.hpp"
+#include "caffe/comet/stream.hpp"
 #include "caffe/comet/worker.hpp"
 #include "caffe/net.hpp"
 #include "caffe/proto/caffe.pb.h"
@@ -107,6 +108,8 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   struct Job;
   // Runs the job's work now, in the step with every core, or queues it on the worker.
   void Start(const shared_ptr<Job>& job, bool on_worker);
+  // An encode or decode: on the worker when there is one (device memory: with side_stream_).
+  void StartCoding(const shared_ptr<Job>& job, bool device);
   void Finish(Job* job);                  // on the step's thread, once the work has run
   void Await(shared_ptr<Job> job);        // waits for it (the step's wait), then Finish
   void Harvest();                         // finishes what has run, without waiting
@@ -114,7 +117,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   void DecodeAhead(int layer);            // the stored inputs of the next backward layers
   void DecodeAheadRebuilt(int entry, const shared_ptr<CometPayload>& p, size_t allocating);
   void RebuildAhead(int entry);           // a REBUILD buffer of the next backward layers
-  bool PoolHasRoomFor(size_t bytes) const;  // below the host pool's peak in use
+  bool PoolHasRoomFor(size_t bytes) const;  // below the (host or device) pool's peak in use
   bool MayDecodeAhead(size_t bytes, size_t now) const;
   size_t BackwardAllocates(int layer) const;
   void MakeRoomForForward(int layer);       // waits for encodes whose memory would raise it
@@ -144,6 +147,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   int forward_from_, last_forward_;
   bool measuring_;
   shared_ptr<CometWorker> worker_;        // NULL without comet { async }
+  shared_ptr<CometSideStream> side_stream_;  // GPU mode with async: the device jobs' stream
   std::list<shared_ptr<Job> > jobs_;      // queued on the worker, not finished yet
   size_t in_flight_, max_in_flight_;      // dense bytes the jobs hold, and the cap
   bool tiled_gemm_;                       // CometGemm::Use'd while this store lives

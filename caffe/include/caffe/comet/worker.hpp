@@ -76,6 +76,8 @@ class CometWorker {
   // True while any worker in the process has work queued or running: the step then leaves it
   // a core (CometGemm runs its tiles on the step's thread alone).
   static bool AnyBusy();
+  // Jobs that workers' threads ran (not those a waiting step ran itself), since the start.
+  static uint64_t jobs_run_on_workers();
 
  private:
   void Run();

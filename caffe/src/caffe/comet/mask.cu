@@ -4,6 +4,7 @@
 #include "caffe/comet/mask.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/payload_gpu.hpp"
+#include "caffe/comet/stream.hpp"
 #include "caffe/util/device_alternate.hpp"
 
 namespace caffe {
@@ -159,6 +160,17 @@ __global__ void PoolBackwardKernel(const uint32_t* words, int bits, comet_codes:
   }
 }
 
+const int kThreads = CAFFE_CUDA_NUM_THREADS;
+
+// This thread's stream (stream.hpp): the default one in the step, the store's own on its worker.
+cudaStream_t Stream() { return static_cast<cudaStream_t>(CometStream()); }
+
+// A few bytes a kernel on this thread's stream wrote, read back once the stream got there.
+void ReadBack(void* host, const void* device, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, Stream()));
+  CUDA_CHECK(cudaStreamSynchronize(Stream()));
+}
+
 int Blocks(size_t n) {
   const size_t b = (n + CAFFE_CUDA_NUM_THREADS - 1) / CAFFE_CUDA_NUM_THREADS;
   return static_cast<int>(b < 4096 ? (b ? b : 1) : 4096);
@@ -170,11 +182,11 @@ template <typename Launch>
 void LaunchCounting(Launch launch, uint32_t* popcount, bool* flag) {
   uint32_t* d_counts;  // [popcount, flag]
   CometGpuMalloc(reinterpret_cast<void**>(&d_counts), 2 * sizeof(uint32_t));
-  CUDA_CHECK(cudaMemset(d_counts, 0, 2 * sizeof(uint32_t)));
+  CUDA_CHECK(cudaMemsetAsync(d_counts, 0, 2 * sizeof(uint32_t), Stream()));
   launch(d_counts, reinterpret_cast<int*>(d_counts + 1));
   CUDA_POST_KERNEL_CHECK;
   uint32_t h[2];
-  CUDA_CHECK(cudaMemcpy(h, d_counts, sizeof(h), cudaMemcpyDeviceToHost));
+  ReadBack(h, d_counts, sizeof(h));
   CometGpuFree(d_counts, 2 * sizeof(uint32_t));
   *popcount = h[0];
   *flag = h[1] != 0;
@@ -186,7 +198,7 @@ void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* p
                       bool* nonfinite) {
   const size_t nwords = comet_mask::words(count);
   LaunchCounting([&](uint32_t* pc, int* flag) {
-    PackKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(x, count, words, nwords, pc, flag);
+    PackKernel<<<Blocks(nwords), kThreads, 0, Stream()>>>(x, count, words, nwords, pc, flag);
   }, popcount, nonfinite);
 }
 
@@ -195,10 +207,10 @@ static void DevicePopcount(const uint32_t* words, size_t total_bits, uint32_t* p
   const size_t nwords = (total_bits + 31) / 32;
   uint32_t* d_count;
   CometGpuMalloc(reinterpret_cast<void**>(&d_count), sizeof(uint32_t));
-  CUDA_CHECK(cudaMemset(d_count, 0, sizeof(uint32_t)));
-  PopcountKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(words, nwords, total_bits, d_count);
+  CUDA_CHECK(cudaMemsetAsync(d_count, 0, sizeof(uint32_t), Stream()));
+  PopcountKernel<<<Blocks(nwords), kThreads, 0, Stream()>>>(words, nwords, total_bits, d_count);
   CUDA_POST_KERNEL_CHECK;
-  CUDA_CHECK(cudaMemcpy(popcount, d_count, sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  ReadBack(popcount, d_count, sizeof(uint32_t));
   CometGpuFree(d_count, sizeof(uint32_t));
 }
 
@@ -207,9 +219,9 @@ static void DevicePopcount(const uint32_t* words, size_t total_bits, uint32_t* p
 void CometMaskDecodeGpu(const uint32_t* words, size_t count, float* x, bool apply_signs,
                         uint32_t* popcount) {
   if (apply_signs) {
-    ApplySignsKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, x);
+    ApplySignsKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, x);
   } else {
-    UnpackKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, x);
+    UnpackKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, x);
   }
   CUDA_POST_KERNEL_CHECK;
   DevicePopcount(words, count, popcount);
@@ -220,24 +232,23 @@ void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
                        uint32_t* words, uint32_t* popcount, bool* bad) {
   const size_t nwords = comet_codes::words(count, bits);
   LaunchCounting([&](uint32_t* pc, int* flag) {
-    PackCodesKernel<<<Blocks(nwords), CAFFE_CUDA_NUM_THREADS>>>(v, count, bits, argmax, g, r,
-                                                                words, nwords, pc, flag);
+    PackCodesKernel<<<Blocks(nwords), kThreads, 0, Stream()>>>(v, count, bits, argmax, g, r, words,
+        nwords, pc, flag);
   }, popcount, bad);
 }
 
 void CometCodesUnpackGpu(const uint32_t* words, size_t count, int bits, bool argmax,
                          const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
                          int32_t* v, uint32_t* popcount) {
-  UnpackCodesKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, bits, argmax, g, r,
-                                                               v);
+  UnpackCodesKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, bits, argmax, g, r, v);
   CUDA_POST_KERNEL_CHECK;
   DevicePopcount(words, count * bits, popcount);
 }
 
 void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_diff,
                           float* bottom_diff, float negative_slope, uint32_t* popcount) {
-  ReluBackwardKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(words, count, top_diff,
-                                                                bottom_diff, negative_slope);
+  ReluBackwardKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, top_diff, bottom_diff,
+      negative_slope);
   CUDA_POST_KERNEL_CHECK;
   DevicePopcount(words, count, popcount);
 }
@@ -246,8 +257,8 @@ void CometPoolToCodesGpu(const float* bottom, float* top, size_t count, int bits
                          const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
                          bool* bad) {
   LaunchCounting([&](uint32_t* pc, int* flag) {
-    PoolToCodesKernel<<<Blocks(count), CAFFE_CUDA_NUM_THREADS>>>(bottom, top, count, bits, g,
-                                                                 words, pc, flag);
+    PoolToCodesKernel<<<Blocks(count), kThreads, 0, Stream()>>>(bottom, top, count, bits, g, words,
+        pc, flag);
   }, popcount, bad);
 }
 
@@ -256,8 +267,8 @@ void CometPoolBackwardGpu(const uint32_t* words, size_t count, int bits,
                           float* bottom_diff, uint32_t* popcount) {
   const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
   const size_t bottom_count = count / pooled * g.height * g.width;
-  PoolBackwardKernel<<<Blocks(bottom_count), CAFFE_CUDA_NUM_THREADS>>>(words, bits, g, top_diff,
-                                                                       bottom_diff, bottom_count);
+  PoolBackwardKernel<<<Blocks(bottom_count), kThreads, 0, Stream()>>>(words, bits, g, top_diff,
+      bottom_diff, bottom_count);
   CUDA_POST_KERNEL_CHECK;
   DevicePopcount(words, count * bits, popcount);
 }

@@ -7,6 +7,7 @@
 #include "boost/thread/mutex.hpp"
 #include "caffe/comet/block_pool.hpp"
 #include "caffe/comet/pool.hpp"
+#include "caffe/comet/stream.hpp"
 #include "caffe/common.hpp"
 #include "caffe/syncedmem.hpp"
 
@@ -95,14 +96,28 @@ namespace {
 
 void GpuRelease(void* ptr, size_t) { CUDA_CHECK(cudaFree(ptr)); }
 
+void* RecordEvent(void* event, void* stream) {
+  cudaEvent_t e = static_cast<cudaEvent_t>(event);
+  if (!e) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(stream)));
+  return e;
+}
+void WaitEvent(void* event, void* stream) {
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                 static_cast<cudaEvent_t>(event), 0));
+}
+void DestroyEvent(void* event) { CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(event))); }
+const BlockPool::Fences kGpuFences = {RecordEvent, WaitEvent, DestroyEvent};
+
 // One pool per device: each caps its cache at its own device's peak, and a trim or an
 // out-of-memory retry frees only that device's blocks. Pools are made on first use with the
 // settings all pools share; they are never destroyed (frees come at exit).
 struct GpuPools {
-  GpuPools() : enabled(0), headroom(0) {}
+  GpuPools() : enabled(0), headroom(0), fenced(0) {}
   boost::mutex mutex;  // guards the map and the shared settings; each pool has its own
   int enabled;
   double headroom;
+  int fenced;
   std::map<int, BlockPool*> by_device;
 };
 
@@ -116,9 +131,10 @@ BlockPool& GpuPool(int device) {
   boost::mutex::scoped_lock lock(all.mutex);
   std::map<int, BlockPool*>::iterator it = all.by_device.find(device);
   if (it != all.by_device.end()) return *it->second;
-  BlockPool* pool = new BlockPool(GpuRelease, false);
+  BlockPool* pool = new BlockPool(GpuRelease, false, &kGpuFences);
   pool->enabled = all.enabled;
   pool->headroom = all.headroom;
+  pool->fenced = all.fenced;
   all.by_device[device] = pool;
   return *pool;
 }
@@ -156,15 +172,24 @@ void CometGpuPoolEnable(bool on) {
   });
 }
 
-// Blocks are reused only by allocations on the default stream of the threads that use the pool
-// (solver threads): the data layers' prefetch threads allocate plainly (patch 0008), so a cached
-// block is never handed to work on another stream while the default stream may still read it.
+void CometGpuPoolFence(bool on) {
+  {
+    GpuPools& all = AllGpuPools();
+    boost::mutex::scoped_lock lock(all.mutex);
+    all.fenced += on ? 1 : -1;
+  }
+  ForEachGpuPool([on](BlockPool& pool) { pool.fenced += on ? 1 : -1; });
+}
+
+// Blocks are reused by the solver threads' allocations on the default stream and on the stores'
+// own streams (CometStream; fenced as block_pool.hpp says): the data layers' prefetch threads
+// allocate plainly (patch 0008), so a cached block is never handed to their streams.
 void CometGpuMalloc(void** ptr, size_t size) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   BlockPool& pool = GpuPool(device);
   boost::mutex::scoped_lock lock(pool.mutex);
-  if (pool.enabled && (*ptr = pool.Take(BlockPool::Key(device, size)))) return;
+  if (pool.enabled && (*ptr = pool.Take(BlockPool::Key(device, size), CometStream()))) return;
   const size_t bytes = pool.enabled ? pool.BlockBytes(size) : size;
   if (pool.enabled) pool.MakeRoom(bytes);  // cached blocks go before, not after, cudaMalloc
   cudaError_t err = cudaMalloc(ptr, bytes);
@@ -181,7 +206,7 @@ void CometGpuFree(void* ptr, size_t size) {
   const int device = DeviceOf(ptr);
   BlockPool& pool = GpuPool(device);
   boost::mutex::scoped_lock lock(pool.mutex);
-  if (!pool.Give(ptr, BlockPool::Key(device, size))) CUDA_CHECK(cudaFree(ptr));
+  if (!pool.Give(ptr, BlockPool::Key(device, size), CometStream())) CUDA_CHECK(cudaFree(ptr));
 }
 
 CometPoolStats CometGpuPoolQuery() {  // all devices together
@@ -200,6 +225,7 @@ CometPoolStats CometGpuPoolQuery() {  // all devices together
 }
 #else
 void CometGpuPoolEnable(bool) {}
+void CometGpuPoolFence(bool) {}
 void CometGpuMalloc(void**, size_t) { NO_GPU; }  // never reached: no device payload here
 void CometGpuFree(void*, size_t) { NO_GPU; }
 CometPoolStats CometGpuPoolQuery() {

@@ -164,6 +164,7 @@ struct CometStore<Dtype>::Job {
   shared_ptr<CometPayload> also_payload;
   size_t bytes;      // dense bytes it keeps in flight until finished
   uint64_t ticket;   // on the worker; 0: ran in the step
+  std::function<void()> before;  // untimed: a device job's wait for the step's kernels
   std::function<void(Job*)> work;
   // ENCODE: the payload made, NULL when the blob stays dense this step (`note` says why);
   // DECODE: the payload decoded into the dense memory. `error`: a failure, fatal at Finish.
@@ -172,6 +173,7 @@ struct CometStore<Dtype>::Job {
   double ms;         // the work's own time
 
   void Run() {       // the work, timed
+    if (before) before();
     const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
     work(this);
     ms = CometMsSince(start);
@@ -288,6 +290,7 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
   CheckSettings(param_, *net_);
   if (param_.async()) worker_.reset(new CometWorker());
   const bool cpu = Caffe::mode() == Caffe::CPU;
+  if (!cpu && param_.async()) side_stream_.reset(new CometSideStream());
   std::string why;
   if (cpu && param_.tiled_gemm()) {
     tiled_gemm_ = CometGemm::Available(&why);
@@ -344,6 +347,7 @@ CometStore<Dtype>::~CometStore() {
   // Whatever is queued runs to its end (the worker's destructor), and decoded memory keeps its
   // data; nothing is reported from a destructor.
   worker_.reset();
+  side_stream_.reset();  // after the worker: its jobs ran on it
   if (tiled_gemm_) CometGemm::Use(false);
   StopFlushing();
   for (typename std::list<shared_ptr<Job> >::iterator j = jobs_.begin(); j != jobs_.end(); ++j) {
@@ -391,6 +395,25 @@ void CometStore<Dtype>::MakePlan() {
   max_in_flight_ = static_cast<size_t>(param_.max_in_flight_mb() * (1 << 20));
   for (int e = 0; e < entries_.size() && param_.max_in_flight_mb() <= 0; ++e)
     max_in_flight_ = std::max(max_in_flight_, EntryMemory(entries_[e])->size());
+}
+
+// An encode or decode of device memory goes to the worker when the store has a stream of its own
+// for it (comet { async } on a GPU): the job waits for the kernels the step queued before it,
+// works on that stream, and is finished once the stream is (CometSideStream).
+template <typename Dtype>
+void CometStore<Dtype>::StartCoding(const shared_ptr<Job>& job, bool device) {
+  if (!worker_ || (device && !side_stream_)) {
+    Start(job, false);
+    return;
+  }
+  if (device) {
+    CometSideStream* side = side_stream_.get();
+    void* mark = side->Mark();
+    const std::function<void(Job*)> work = job->work;
+    job->before = [side, mark] { side->WaitFor(mark); };
+    job->work = [side, work](Job* j) { side->Run([&] { work(j); }); };
+  }
+  Start(job, true);
 }
 
 template <typename Dtype>
@@ -478,12 +501,12 @@ void CometStore<Dtype>::Finish(Job* job) {
 
 template <typename Dtype>
 bool CometStore<Dtype>::PoolHasRoomFor(size_t bytes) const {
-  if (!param_.memory_pool() || Caffe::mode() != Caffe::CPU) return false;
-  const CometPoolStats s = CometHostPoolQuery();
+  if (!param_.memory_pool()) return false;
+  const CometPoolStats s = CometPoolQuery();  // the host's, or in GPU mode the devices'
   return s.in_use + bytes <= s.peak_in_use;
 }
 
-// A decode ahead holds dense memory before its reader would. With the host pool: only in memory
+// A decode ahead holds dense memory before its reader would. With the pool: only in memory
 // the pool holds below its peak in use beside what the backward running now allocates (`now`,
 // BackwardAllocates): memory the backward pass has freed again, resident anyway (also past the
 // cap: both of LRN's 77 MB inputs in GoogLeNet at batch 32). With the cap alone CaffeNet's conv3
@@ -491,7 +514,7 @@ bool CometStore<Dtype>::PoolHasRoomFor(size_t bytes) const {
 // step's peak: 1,512 against 1,452 MB RSS with every job in the step. Without the pool: the cap.
 template <typename Dtype>
 bool CometStore<Dtype>::MayDecodeAhead(size_t bytes, size_t now) const {
-  if (param_.memory_pool() && Caffe::mode() == Caffe::CPU) return PoolHasRoomFor(bytes + now);
+  if (param_.memory_pool()) return PoolHasRoomFor(bytes + now);
   return in_flight_ + bytes <= max_in_flight_;
 }
 
@@ -533,8 +556,10 @@ void CometStore<Dtype>::DecodeAhead(int layer) {
       Entry& e = entries_[x];
       SyncedMemory* mem = EntryMemory(e);
       const shared_ptr<CometPayload> p = mem->comet_payload();
-      // Dense (kept, or restored already), on its way, or on the GPU: nothing to start.
-      if (!p || p != e.stored || p->on_device() || p->kind() == CometPayload::MASK) continue;
+      // Dense (kept, or restored already), or on its way: nothing to start. On the GPU only
+      // with a stream of the store's own (decodes on the default stream would wait in the step).
+      if (!p || p != e.stored || p->kind() == CometPayload::MASK) continue;
+      if (p->on_device() && !side_stream_) continue;
       if (p->kind() == CometPayload::ARGMAX && param_.pool_codes()) continue;  // read as codes
       // Where it may not (MayDecodeAhead) it is decoded on demand, as without decode_ahead.
       if (p->kind() == CometPayload::DERIVED) {
@@ -547,7 +572,7 @@ void CometStore<Dtype>::DecodeAhead(int layer) {
       job->payload = p;
       job->out = out;
       job->work = [p, out](Job* j) { CometDecode(*p, out, &j->error); };
-      Start(job, true);
+      StartCoding(job, p->on_device());
     }
     // The buffers this layer's backward reads besides its stored inputs, after the decodes
     // above (a Scale's copy may wait for its x_norm_'s).
@@ -790,7 +815,7 @@ void CometStore<Dtype>::BeforeForward(int layer) {
 // while norm1 wrote its output and scale: 33 MB above the peak of the same step done in order.
 template <typename Dtype>
 void CometStore<Dtype>::MakeRoomForForward(int layer) {
-  if (!worker_ || jobs_.empty() || !param_.memory_pool() || Caffe::mode() != Caffe::CPU) return;
+  if (!worker_ || jobs_.empty() || !param_.memory_pool()) return;
   size_t need = 0;
   const std::vector<int>& ids = plan_.tops_written[layer];
   for (int k = 0; k < ids.size(); ++k) {
@@ -899,7 +924,7 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
       };
     }
   }
-  Start(job, worker_ && !dev);
+  StartCoding(job, dev);
 }
 
 template <typename Dtype>
@@ -959,7 +984,7 @@ void CometStore<Dtype>::AfterForward(int layer) {
         }
       };
     }
-    Start(job, worker_ && !dev);
+    StartCoding(job, dev);
   }
   // The forward pass ends with every encode finished: a caller (pycaffe, the solver) sees the
   // net as the plan leaves it, and no job outlives the step's forward.

@@ -12,6 +12,7 @@ namespace {
 thread_local bool on_worker = false;
 std::atomic<uint64_t> forked(0);
 std::atomic<int> busy_workers(0);
+std::atomic<uint64_t> jobs_on_workers(0);  // jobs run by workers' threads, not a step's
 }  // namespace
 
 CometTeam& CometTeam::Get() {
@@ -127,6 +128,8 @@ CometWorker::~CometWorker() {
 
 bool CometWorker::OnWorker() { return on_worker; }
 
+uint64_t CometWorker::jobs_run_on_workers() { return jobs_on_workers.load(); }
+
 bool CometWorker::AnyBusy() { return busy_workers.load(std::memory_order_relaxed) > 0; }
 
 uint64_t CometWorker::Submit(const Job& job) {
@@ -194,6 +197,7 @@ void CometWorker::Run() {
       ++busy_workers;
     }
     next.second();  // jobs report their own failures in their results; they do not throw
+    ++jobs_on_workers;
     lock.lock();
     const bool idle = queue_.empty();
     if (idle) {

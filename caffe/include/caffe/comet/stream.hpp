@@ -1,0 +1,48 @@
+#ifndef CAFFE_COMET_STREAM_HPP_
+#define CAFFE_COMET_STREAM_HPP_
+
+// COMET-Caffe: the CUDA stream COMET's device work goes to. Caffe queues all its work on the
+// legacy default stream. A store's worker (comet { async }) encodes and decodes device blobs on
+// a stream of its own, so that the step's thread goes on queueing layers while the worker waits
+// for the sizes, counts and checksums the codecs read back. Streams are void* (cudaStream_t), so
+// that CPU-only code includes this header.
+
+#include <functional>
+
+namespace caffe {
+
+// This thread's stream for COMET's kernels, copies and sz calls: NULL (the default stream)
+// unless a CometOnStream scope names another.
+void* CometStream();
+
+class CometOnStream {
+ public:
+  explicit CometOnStream(void* stream);
+  ~CometOnStream();
+
+ private:
+  void* previous_;
+};
+
+// A non-blocking stream on the device current when it is made, for one store's device jobs.
+// The step's thread marks (Mark) how far it has queued work on the default stream when it
+// submits a job; the job first waits for the device to get there (WaitFor, on the worker's
+// thread: the step goes on), then works on this stream (Run), which it synchronizes at its end,
+// so that a finished job's results are ready for every stream. While one exists the device pools
+// carry events with their blocks (CometGpuPoolFence).
+class CometSideStream {
+ public:
+  CometSideStream();
+  ~CometSideStream();  // waits for what runs on it
+  void* Mark();        // an event on the default stream, consumed by WaitFor
+  void WaitFor(void* mark);
+  void Run(const std::function<void()>& work);
+
+ private:
+  int device_;
+  void* stream_;
+};
+
+}  // namespace caffe
+
+#endif  // CAFFE_COMET_STREAM_HPP_

@@ -1,0 +1,67 @@
+// COMET-Caffe: the streams of COMET's device work (include/caffe/comet/stream.hpp).
+#include "caffe/comet/stream.hpp"
+
+#include "caffe/comet/pool.hpp"
+#include "caffe/common.hpp"
+
+namespace caffe {
+
+namespace {
+thread_local void* g_stream = NULL;
+}  // namespace
+
+void* CometStream() { return g_stream; }
+
+CometOnStream::CometOnStream(void* stream) : previous_(g_stream) { g_stream = stream; }
+CometOnStream::~CometOnStream() { g_stream = previous_; }
+
+#ifndef CPU_ONLY
+CometSideStream::CometSideStream() : device_(0), stream_(NULL) {
+  CUDA_CHECK(cudaGetDevice(&device_));
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_ = s;
+  CometGpuPoolFence(true);
+}
+
+CometSideStream::~CometSideStream() {
+  int current = 0;
+  CUDA_CHECK(cudaGetDevice(&current));
+  CUDA_CHECK(cudaSetDevice(device_));
+  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  CUDA_CHECK(cudaStreamDestroy(static_cast<cudaStream_t>(stream_)));
+  CUDA_CHECK(cudaSetDevice(current));
+  CometGpuPoolFence(false);
+}
+
+void* CometSideStream::Mark() {
+  cudaEvent_t e;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(e, NULL));  // the legacy default stream, Caffe's
+  return e;
+}
+
+void CometSideStream::WaitFor(void* mark) {
+  CUDA_CHECK(cudaSetDevice(device_));  // the worker's thread starts on device 0
+  CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(mark)));
+  CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(mark)));
+}
+
+void CometSideStream::Run(const std::function<void()>& work) {
+  CUDA_CHECK(cudaSetDevice(device_));
+  CometOnStream on(stream_);
+  work();
+  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+}
+#else
+CometSideStream::CometSideStream() : device_(0), stream_(NULL) { NO_GPU; }
+CometSideStream::~CometSideStream() {}
+void* CometSideStream::Mark() {
+  NO_GPU;
+  return NULL;
+}
+void CometSideStream::WaitFor(void*) { NO_GPU; }
+void CometSideStream::Run(const std::function<void()>&) { NO_GPU; }
+#endif  // CPU_ONLY
+
+}  // namespace caffe
