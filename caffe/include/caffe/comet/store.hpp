@@ -43,6 +43,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   const std::vector<Bound>& bounds() const { return bounds_.all(); }
   const CometMemory& memory() const { return stats_.memory(); }
   const CometParameter& param() const { return param_; }
+  size_t jobs_queued() const { return jobs_.size(); }  // encodes and decodes not finished yet
   int last_report_iter() const { return stats_.last_report_iter(); }
   std::string Plan() const;  // human-readable plan, one line per entry
 

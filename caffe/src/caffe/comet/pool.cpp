@@ -204,9 +204,26 @@ void CometGpuMalloc(void** ptr, size_t size) {
 
 void CometGpuFree(void* ptr, size_t size) {
   const int device = DeviceOf(ptr);
+  int current = device;
+  CUDA_CHECK(cudaGetDevice(&current));
+  // A block of another device is given back on that device's default stream: its event must be
+  // made and recorded there (this thread's stream belongs to the current device).
+  if (current != device) CUDA_CHECK(cudaSetDevice(device));
+  {
+    BlockPool& pool = GpuPool(device);
+    boost::mutex::scoped_lock lock(pool.mutex);
+    void* stream = current == device ? CometStream() : NULL;
+    if (!pool.Give(ptr, BlockPool::Key(device, size), stream)) CUDA_CHECK(cudaFree(ptr));
+  }
+  if (current != device) CUDA_CHECK(cudaSetDevice(current));
+}
+
+CometPoolStats CometGpuPoolQueryCurrent() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
   BlockPool& pool = GpuPool(device);
   boost::mutex::scoped_lock lock(pool.mutex);
-  if (!pool.Give(ptr, BlockPool::Key(device, size), CometStream())) CUDA_CHECK(cudaFree(ptr));
+  return pool.Stats();
 }
 
 CometPoolStats CometGpuPoolQuery() {  // all devices together
@@ -232,10 +249,15 @@ CometPoolStats CometGpuPoolQuery() {
   CometPoolStats s = {0, 0, 0, 0, 0, 0, 0};
   return s;
 }
+CometPoolStats CometGpuPoolQueryCurrent() { return CometGpuPoolQuery(); }
 #endif  // CPU_ONLY
 
 CometPoolStats CometPoolQuery() {
   return Caffe::mode() == Caffe::GPU ? CometGpuPoolQuery() : CometHostPoolQuery();
+}
+
+CometPoolStats CometPoolQueryHere() {
+  return Caffe::mode() == Caffe::GPU ? CometGpuPoolQueryCurrent() : CometHostPoolQuery();
 }
 
 void CometPoolsSetHeadroom(double fraction) {

@@ -150,7 +150,8 @@ template <typename Dtype>
 struct CometStore<Dtype>::Job {
   enum What { ENCODE, DECODE };
   Job(What w, int e, SyncedMemory* m) : what(w), entry(e), mem(m), also(NULL), out(NULL),
-                                        also_out(NULL), bytes(m->size()), ticket(0), ms(0) {}
+                                        also_out(NULL), bytes(m->size()), ticket(0),
+                                        side(NULL), ms(0) {}
   What what;
   int entry;
   SyncedMemory* mem;
@@ -164,6 +165,7 @@ struct CometStore<Dtype>::Job {
   shared_ptr<CometPayload> also_payload;
   size_t bytes;      // dense bytes it keeps in flight until finished
   uint64_t ticket;   // on the worker; 0: ran in the step
+  CometSideStream* side;         // device work: the store's stream, or NULL
   std::function<void()> before;  // untimed: a device job's wait for the step's kernels
   std::function<void(Job*)> work;
   // ENCODE: the payload made, NULL when the blob stays dense this step (`note` says why);
@@ -408,9 +410,8 @@ void CometStore<Dtype>::StartCoding(const shared_ptr<Job>& job, bool device) {
   }
   if (device) {
     CometSideStream* side = side_stream_.get();
-    void* mark = side->Mark();
+    job->side = side;  // Start marks the default stream when it queues the job
     const std::function<void(Job*)> work = job->work;
-    job->before = [side, mark] { side->WaitFor(mark); };
     job->work = [side, work](Job* j) { side->Run([&] { work(j); }); };
   }
   Start(job, true);
@@ -428,6 +429,11 @@ void CometStore<Dtype>::Start(const shared_ptr<Job>& job, bool on_worker) {
   while (job->what == Job::ENCODE && !jobs_.empty() && in_flight_ + job->bytes > max_in_flight_)
     Await(jobs_.front());
   in_flight_ += job->bytes;
+  if (job->side) {  // after the waits above: the mark is an event, consumed when the job runs
+    CometSideStream* side = job->side;
+    void* mark = side->Mark();
+    job->before = [side, mark] { side->WaitFor(mark); };
+  }
   Job* raw = job.get();  // jobs_ keeps it until it is finished, after its work ran
   job->ticket = worker_->Submit([raw] { raw->Run(); });
   jobs_.push_back(job);
@@ -502,7 +508,7 @@ void CometStore<Dtype>::Finish(Job* job) {
 template <typename Dtype>
 bool CometStore<Dtype>::PoolHasRoomFor(size_t bytes) const {
   if (!param_.memory_pool()) return false;
-  const CometPoolStats s = CometPoolQuery();  // the host's, or in GPU mode the devices'
+  const CometPoolStats s = CometPoolQueryHere();  // the host's, or this store's device's
   return s.in_use + bytes <= s.peak_in_use;
 }
 
@@ -763,11 +769,16 @@ std::string CometStore<Dtype>::Plan() const {
 
 template <typename Dtype>
 void CometStore<Dtype>::BeforeForward(int layer) {
-  if (layer == 0 || layer != last_forward_ + 1) forward_from_ = layer;
+  const bool starts = layer == 0 || layer != last_forward_ + 1;
+  if (starts) forward_from_ = layer;
   last_forward_ = layer;
   SetContext(layer, kForward);
+  // Work queued by an earlier pass (decodes started for a backward that stopped early, encodes
+  // of a forward that ended early) may read or write memory this forward rewrites: pycaffe's
+  // forward(end=...) then forward(start=...) would rewrite a blob that an encode was reading,
+  // and that encode's payload, attached after, would replace the new values.
+  if (starts) FinishAll();
   if (layer == 0) {
-    FinishAll();  // decodes started for a backward that stopped early
     seen_data_.clear();  // memory addresses are checked afresh every step
     seen_diff_.clear();
     if (param_.memory_pool()) CometPoolsMarkStep();

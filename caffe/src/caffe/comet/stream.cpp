@@ -41,15 +41,34 @@ void* CometSideStream::Mark() {
   return e;
 }
 
+namespace {
+// The stream's device for a while (the worker's thread starts on device 0; a step that runs a
+// queued job itself gets its own device back).
+class OnDevice {
+ public:
+  explicit OnDevice(int device) : previous_(device) {
+    CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) CUDA_CHECK(cudaSetDevice(device));
+    device_ = device;
+  }
+  ~OnDevice() {
+    if (previous_ != device_) CUDA_CHECK(cudaSetDevice(previous_));
+  }
+
+ private:
+  int previous_, device_;
+};
+}  // namespace
+
 void CometSideStream::WaitFor(void* mark) {
-  CUDA_CHECK(cudaSetDevice(device_));  // the worker's thread starts on device 0
+  OnDevice on(device_);
   CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(mark)));
   CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(mark)));
 }
 
 void CometSideStream::Run(const std::function<void()>& work) {
-  CUDA_CHECK(cudaSetDevice(device_));
-  CometOnStream on(stream_);
+  OnDevice on(device_);
+  CometOnStream stream(stream_);
   work();
   CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
 }
