@@ -105,6 +105,15 @@ class BlockPool {
       ++misses;
       return NULL;
     }
+    // Among the blocks that fit, the smallest one given back on the taker's own stream: one
+    // from the other stream would make the taker's stream wait for that stream's queue.
+    for (std::multimap<Key, std::list<Block>::iterator>::iterator c = it;
+         fences_ && fenced && c != by_key_.end() && Fits(key, c->first); ++c) {
+      if (c->second->marked ? c->second->stream == stream : stream == NULL) {
+        it = c;
+        break;
+      }
+    }
     Block b = *it->second;
     it->second->event = NULL;  // goes with the block
     Uncache(it->second);

@@ -1712,8 +1712,21 @@ TEST_F(CometPayloadTest, DevicePoolBlocksWaitForTheStreamTheyWereFreedOn) {
   pool.Give(b, BlockPool::Key(0, 4 * mb), NULL);
   pool.Give(a, BlockPool::Key(0, 8 * mb), NULL);
   EXPECT_EQ(FakeFences::made, 2);  // one event a block, however often it moves
+  // Of two blocks that fit, each stream takes the one given back on it, and nothing waits
+  // (without the preference the side stream would get a, the first cached, and wait).
+  void* c = DeviceTake(&pool, 8 * mb, &next);  // a, from the cache
+  void* d = DeviceTake(&pool, 8 * mb, &next);  // new (b is evicted to make room)
+  ASSERT_EQ(c, a);
+  pool.Give(c, BlockPool::Key(0, 8 * mb), NULL);  // cached first: lower_bound's pick
+  pool.Give(d, BlockPool::Key(0, 8 * mb), side);
+  const size_t waited = FakeFences::waits.size();
+  EXPECT_EQ(pool.Take(BlockPool::Key(0, 8 * mb), side), d);
+  EXPECT_EQ(pool.Take(BlockPool::Key(0, 8 * mb), NULL), a);
+  EXPECT_EQ(FakeFences::waits.size(), waited);
+  pool.Give(a, BlockPool::Key(0, 8 * mb), NULL);
+  pool.Give(d, BlockPool::Key(0, 8 * mb), side);
   pool.ReleaseCached();
-  EXPECT_EQ(FakeFences::destroyed, 2);
+  EXPECT_EQ(FakeFences::destroyed, FakeFences::made);
   FakeFences::records.clear();
   FakeFences::waits.clear();
 }
