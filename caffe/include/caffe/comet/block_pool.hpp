@@ -105,10 +105,11 @@ class BlockPool {
       ++misses;
       return NULL;
     }
+    const bool fencing = fences_ && fenced;
     // Among the blocks that fit, the smallest one given back on the taker's own stream: one
     // from the other stream would make the taker's stream wait for that stream's queue.
     for (std::multimap<Key, std::list<Block>::iterator>::iterator c = it;
-         fences_ && fenced && c != by_key_.end() && Fits(key, c->first); ++c) {
+         fencing && c != by_key_.end() && Fits(key, c->first); ++c) {
       if (c->second->marked ? c->second->stream == stream : stream == NULL) {
         it = c;
         break;
@@ -118,7 +119,7 @@ class BlockPool {
     it->second->event = NULL;  // goes with the block
     Uncache(it->second);
     ++hits;
-    if (fences_ && fenced) {
+    if (fencing) {
       if (!b.marked && stream) {  // used on the default stream, before fencing began
         b.event = fences_->record(b.event, NULL);
         fences_->wait(b.event, stream);

@@ -68,7 +68,6 @@ CometPoolStats CometHostPoolQuery();
 CometPoolStats CometPoolQuery();
 // The same for this thread's allocations alone (GPU mode: the current device's pool).
 CometPoolStats CometPoolQueryHere();
-CometPoolStats CometGpuPoolQueryCurrent();
 
 }  // namespace caffe
 

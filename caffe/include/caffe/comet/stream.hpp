@@ -24,6 +24,16 @@ class CometOnStream {
   void* previous_;
 };
 
+// This thread's current CUDA device is `device` for the scope's life, and what it was after.
+class CometOnDevice {
+ public:
+  explicit CometOnDevice(int device);
+  ~CometOnDevice();
+
+ private:
+  int previous_, device_;
+};
+
 // A non-blocking stream on the device current when it is made, for one store's device jobs.
 // The step's thread marks (Mark) how far it has queued work on the default stream when it
 // submits a job; the job first waits for the device to get there (WaitFor, on the worker's

@@ -208,23 +208,22 @@ void CometGpuFree(void* ptr, size_t size) {
   CUDA_CHECK(cudaGetDevice(&current));
   // A block of another device is given back on that device's default stream: its event must be
   // made and recorded there (this thread's stream belongs to the current device).
-  if (current != device) CUDA_CHECK(cudaSetDevice(device));
-  {
-    BlockPool& pool = GpuPool(device);
-    boost::mutex::scoped_lock lock(pool.mutex);
-    void* stream = current == device ? CometStream() : NULL;
-    if (!pool.Give(ptr, BlockPool::Key(device, size), stream)) CUDA_CHECK(cudaFree(ptr));
-  }
-  if (current != device) CUDA_CHECK(cudaSetDevice(current));
+  CometOnDevice on(device);
+  BlockPool& pool = GpuPool(device);
+  boost::mutex::scoped_lock lock(pool.mutex);
+  void* stream = current == device ? CometStream() : NULL;
+  if (!pool.Give(ptr, BlockPool::Key(device, size), stream)) CUDA_CHECK(cudaFree(ptr));
 }
 
-CometPoolStats CometGpuPoolQueryCurrent() {
+namespace {
+CometPoolStats GpuPoolQueryCurrent() {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   BlockPool& pool = GpuPool(device);
   boost::mutex::scoped_lock lock(pool.mutex);
   return pool.Stats();
 }
+}  // namespace
 
 CometPoolStats CometGpuPoolQuery() {  // all devices together
   CometPoolStats total = {0, 0, 0, 0, 0, 0, 0};
@@ -249,7 +248,9 @@ CometPoolStats CometGpuPoolQuery() {
   CometPoolStats s = {0, 0, 0, 0, 0, 0, 0};
   return s;
 }
-CometPoolStats CometGpuPoolQueryCurrent() { return CometGpuPoolQuery(); }
+namespace {
+CometPoolStats GpuPoolQueryCurrent() { return CometGpuPoolQuery(); }
+}  // namespace
 #endif  // CPU_ONLY
 
 CometPoolStats CometPoolQuery() {
@@ -257,7 +258,7 @@ CometPoolStats CometPoolQuery() {
 }
 
 CometPoolStats CometPoolQueryHere() {
-  return Caffe::mode() == Caffe::GPU ? CometGpuPoolQueryCurrent() : CometHostPoolQuery();
+  return Caffe::mode() == Caffe::GPU ? GpuPoolQueryCurrent() : CometHostPoolQuery();
 }
 
 void CometPoolsSetHeadroom(double fraction) {

@@ -408,12 +408,7 @@ void CometStore<Dtype>::StartCoding(const shared_ptr<Job>& job, bool device) {
     Start(job, false);
     return;
   }
-  if (device) {
-    CometSideStream* side = side_stream_.get();
-    job->side = side;  // Start marks the default stream when it queues the job
-    const std::function<void(Job*)> work = job->work;
-    job->work = [side, work](Job* j) { side->Run([&] { work(j); }); };
-  }
+  if (device) job->side = side_stream_.get();
   Start(job, true);
 }
 
@@ -432,7 +427,9 @@ void CometStore<Dtype>::Start(const shared_ptr<Job>& job, bool on_worker) {
   if (job->side) {  // after the waits above: the mark is an event, consumed when the job runs
     CometSideStream* side = job->side;
     void* mark = side->Mark();
+    const std::function<void(Job*)> work = job->work;
     job->before = [side, mark] { side->WaitFor(mark); };
+    job->work = [side, work](Job* j) { side->Run([&] { work(j); }); };
   }
   Job* raw = job.get();  // jobs_ keeps it until it is finished, after its work ran
   job->ticket = worker_->Submit([raw] { raw->Run(); });

@@ -25,12 +25,11 @@ CometSideStream::CometSideStream() : device_(0), stream_(NULL) {
 }
 
 CometSideStream::~CometSideStream() {
-  int current = 0;
-  CUDA_CHECK(cudaGetDevice(&current));
-  CUDA_CHECK(cudaSetDevice(device_));
-  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
-  CUDA_CHECK(cudaStreamDestroy(static_cast<cudaStream_t>(stream_)));
-  CUDA_CHECK(cudaSetDevice(current));
+  {
+    CometOnDevice on(device_);
+    CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+    CUDA_CHECK(cudaStreamDestroy(static_cast<cudaStream_t>(stream_)));
+  }
   CometGpuPoolFence(false);
 }
 
@@ -41,38 +40,31 @@ void* CometSideStream::Mark() {
   return e;
 }
 
-namespace {
-// The stream's device for a while (the worker's thread starts on device 0; a step that runs a
-// queued job itself gets its own device back).
-class OnDevice {
- public:
-  explicit OnDevice(int device) : previous_(device) {
-    CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) CUDA_CHECK(cudaSetDevice(device));
-    device_ = device;
-  }
-  ~OnDevice() {
-    if (previous_ != device_) CUDA_CHECK(cudaSetDevice(previous_));
-  }
+CometOnDevice::CometOnDevice(int device) : previous_(device), device_(device) {
+  CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device_) CUDA_CHECK(cudaSetDevice(device_));
+}
+CometOnDevice::~CometOnDevice() {
+  if (previous_ != device_) CUDA_CHECK(cudaSetDevice(previous_));
+}
 
- private:
-  int previous_, device_;
-};
-}  // namespace
-
+// On the stream's device (the worker's thread starts on device 0; a step that runs a queued job
+// itself gets its own device back).
 void CometSideStream::WaitFor(void* mark) {
-  OnDevice on(device_);
+  CometOnDevice on(device_);
   CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(mark)));
   CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(mark)));
 }
 
 void CometSideStream::Run(const std::function<void()>& work) {
-  OnDevice on(device_);
+  CometOnDevice on(device_);
   CometOnStream stream(stream_);
   work();
   CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
 }
 #else
+CometOnDevice::CometOnDevice(int device) : previous_(device), device_(device) { NO_GPU; }
+CometOnDevice::~CometOnDevice() {}
 CometSideStream::CometSideStream() : device_(0), stream_(NULL) { NO_GPU; }
 CometSideStream::~CometSideStream() {}
 void* CometSideStream::Mark() {
