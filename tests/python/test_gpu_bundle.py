@@ -512,3 +512,82 @@ def test_gpu_check_skips_the_cudnn_steps_without_libcudnn(bundle, tmp_path):
         assert re.search(rf"^{re.escape(step)} +SKIP .*{re.escape(why)}", summary, re.M), (step, summary)
     assert "cudnn_build\tskipped: no libcudnn.so.99 found" in (out / "results.tsv").read_text()
     assert "no libcudnn.so.99 found" in (out / "device.txt").read_text()
+
+
+# A stand-in for the bundle's caffe: device_query passes; `train` logs its solver to $FAKE_CAFFE_LOG and
+# hangs when the solver's comet block leaves the store's device work on its own stream (no
+# `async: false`), as a stream that never completes would; otherwise it prints the log lines the check reads.
+FAKE_CAFFE = r'''#!/bin/bash
+case "$1" in device_query) echo "Name: stand-in"; exit 0 ;; train) ;; *) exit 1 ;; esac
+prev=""; for a in "$@"; do [ "$prev" = -solver ] && solver="$a"; prev="$a"; done
+{ echo "== $solver"; cat "$solver"; } >>"$FAKE_CAFFE_LOG"
+if grep -q "comet {" "$solver" && ! grep -q "async: false" "$solver"; then
+  echo "I1205 stand-in: waiting for the store's stream"; exec sleep 300
+fi
+for i in 10 20 30; do echo "I1205 solver.cpp:218] Iteration $i (50 iter/s, 0.2s/10 iters), loss = 1.5"; done
+grep -q "comet {" "$solver" && echo "I1205 store.cpp:1] COMET total: peak memory 100.0 MB, activations 10 MB -> 1 MB (10x), layer buffers 1 MB"
+exit 0
+'''
+
+
+def _bundle_with_stand_ins(bundle: Path, tmp_path: Path, testbin: str) -> Path:
+    (tmp_path / "b").mkdir()
+    subprocess.run(["tar", "-C", str(tmp_path / "b"), "-xf", str(bundle)], check=True)
+    top = tmp_path / "b" / "gpu-check"
+    for name, text in (("caffe", FAKE_CAFFE), ("caffe-cudnn", FAKE_CAFFE), ("test.testbin", testbin),
+                       ("test.testbin-cudnn", testbin)):
+        (top / "bin" / name).unlink(missing_ok=True)
+        (top / "bin" / name).write_text(text)
+        (top / "bin" / name).chmod(0o755)
+    return top
+
+
+def _sections(log: str) -> list[str]:
+    return [s for s in log.split("== ")[1:] if "comet {" in s]
+
+
+def test_gpu_check_runs_later_comet_steps_in_the_step_after_the_stream_hangs(bundle, tmp_path):
+    """train-caffenet-on, the first training with the store's device work on its own stream, hangs (a
+    stand-in caffe that waits forever unless the solver says `async: false`): it is cut at its limit
+    with its last log line, and every later COMET-on run (ResNet-18, cuDNN, the resumes) is given
+    `async: false`, so the hang costs one step's limit rather than the budget."""
+    top = _bundle_with_stand_ins(bundle, tmp_path, "#!/bin/bash\nexit 0\n")
+    out, log = tmp_path / "out", tmp_path / "solvers.log"
+    env = dict(os.environ, OUT=str(out), GPU_CHECK_BUDGET="150", GPU_CHECK_SZ_MIB="16", GPU_CHECK_TRAIN_LIMIT="10",
+               FAKE_CAFFE_LOG=str(log), PATH="/usr/bin:/bin")   # no nvidia-smi: the steps that need it SKIP
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check"), str(top)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    summary = (out / "summary.txt").read_text()
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    assert re.search(r"^train-caffenet-on +TIMEOUT .*last line: I1205 stand-in: waiting for the store's stream",
+                     summary, re.M), summary
+    assert re.search(r"^stream-fallback .*every later COMET-on run has async: false", summary, re.M), summary
+    for step in ("train-caffenet-sync", "train-caffenet-cudnn-on", "train-resnet18-on", "train-resnet18-cudnn-on"):
+        assert re.search(rf"^{step} +PASS ", summary, re.M), (step, summary)
+    for step in ("train-caffenet-cudnn-on", "train-resnet18-on"):
+        assert re.search(rf"^{step} +PASS .*\(async: false: train-caffenet-on hung\)", summary, re.M), (step, summary)
+    assert "stream_fallback\t" in (out / "results.tsv").read_text()
+    comet = _sections(log.read_text())
+    # caffenet-on (the stream), caffenet-sync, then the fallback's: cudnn-on, resnet18-on, resnet18-cudnn-on,
+    # and the resumes' first runs
+    assert len(comet) >= 7, log.read_text()
+    assert "async: false" not in comet[0] and "caffenet" in comet[0].splitlines()[0], comet[0]
+    assert all("async: false" in s for s in comet[1:]), log.read_text()
+    assert any("resume-" in s for s in comet[1:]), log.read_text()
+
+
+def test_gpu_check_names_the_test_a_cut_gtest_step_was_in(bundle, tmp_path):
+    """A gtest step cut at its limit names the test it was still running (its last RUN line without
+    an OK or FAILED): a hang in the GPU gtests says where it hung."""
+    hang = ('#!/bin/bash\ncase "$*" in *GPU*) echo "[ RUN      ] CometGPUTest.Quick"; '
+            'echo "[       OK ] CometGPUTest.Quick (1 ms)"; echo "[ RUN      ] CometGPUTest.Hangs"; exec sleep 300 ;; esac\n')
+    top = _bundle_with_stand_ins(bundle, tmp_path, hang)
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), GPU_CHECK_BUDGET="30", FAKE_CAFFE_LOG=str(tmp_path / "solvers.log"),
+               PATH="/usr/bin:/bin")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check"), str(top)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    summary = (out / "summary.txt").read_text()
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    assert re.search(r"^gtest-comet +TIMEOUT .*ran 1 tests, 0 failed; still running: CometGPUTest\.Hangs", summary,
+                     re.M), summary
