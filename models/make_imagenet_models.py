@@ -23,11 +23,10 @@ Plain text, no Caffe import: it runs without a build.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from solver_text import solver_text
+from solver_text import generator_main, solver_text
 
 MODELS = Path(__file__).resolve().parent
 CLASSES = 1000
@@ -169,24 +168,9 @@ FILES = {"imagenet_train_val.prototxt": train_val, "imagenet_solver.prototxt": s
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=MODELS, help="models folder to write into (default: this one)")
-    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs")
-    args = ap.parse_args(argv)
-    stale = []
-    for model in NETS:
-        for fname, make in FILES.items():
-            path, text = args.out / model / fname, make(model)
-            if args.check:
-                if not path.exists() or path.read_text() != text:
-                    stale.append(f"{model}/{fname}")
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-    if stale:
-        print(f"out of date (run {Path(__file__).name}): {', '.join(stale)}", file=sys.stderr)
-        return 1
-    return 0
+    files = {f"{model}/{fname}": (lambda model=model, make=make: make(model))
+             for model in NETS for fname, make in FILES.items()}
+    return generator_main(__doc__, Path(__file__).name, MODELS, files, argv)
 
 
 if __name__ == "__main__":

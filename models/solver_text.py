@@ -1,4 +1,5 @@
-"""The solver.prototxt text the model generators write (make_imagenet_models.py, resnet18_dogs/make_resnet.py).
+"""What the model generators (make_imagenet_models.py, resnet18_dogs/make_resnet.py) share: the
+solver.prototxt text they write, and their command line (write the files, or --check them).
 
 One writer, so that every generated solver has the same shape and the same comet { } block: SGD with
 momentum 0.9, a line of output every 20 iterations, GPU mode, snapshots that `cometctl train` moves into
@@ -7,6 +8,11 @@ iteration counts, the weight decay) comes from the caller, as prototxt text. Pla
 """
 
 from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
 
 COMET_BLOCK = """# ---- COMET (activation compression) -------------------------------------------------------------
 # Activations that backward needs are kept compressed between forward and backward, and the
@@ -39,3 +45,26 @@ def solver_text(head: str, net: str, test_iter: int, test_interval: int, base_lr
             f'snapshot_prefix: "{snapshot_prefix}"   # `cometctl train` moves snapshots into its run folder\n'
             "solver_mode: GPU\n"
             "\n" + COMET_BLOCK)
+
+
+def generator_main(doc: str, script: str, default_out: Path, files: dict[str, Callable[[], str]],
+                   argv=None) -> int:
+    """A generator's command line: writes each of `files` (a path relative to --out, and what makes its
+    text) under --out, or with --check writes nothing and returns 1 when one is missing or differs."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=default_out, help=f"folder to write into (default: {default_out})")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs")
+    args = ap.parse_args(argv)
+    stale = []
+    for rel, make in files.items():
+        path, text = args.out / rel, make()
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(rel)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if stale:
+        print(f"out of date (run {script}): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0

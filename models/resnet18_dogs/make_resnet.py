@@ -17,13 +17,12 @@ Plain text, no Caffe import: it runs without a build.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 # models/solver_text.py, one folder up, writes the solver (make_imagenet_models.py uses it too)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from solver_text import solver_text  # noqa: E402
+from solver_text import generator_main, solver_text  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CLASSES = 120
@@ -163,22 +162,7 @@ FILES = {"train_val.prototxt": train_val, "deploy.prototxt": deploy, "solver.pro
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=HERE, help="folder to write into (default: beside this script)")
-    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs")
-    args = ap.parse_args(argv)
-    stale = []
-    for name, make in FILES.items():
-        path, text = args.out / name, make()
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            path.write_text(text)
-    if stale:
-        print(f"out of date (run {Path(__file__).name}): {', '.join(stale)}", file=sys.stderr)
-        return 1
-    return 0
+    return generator_main(__doc__, Path(__file__).name, HERE, FILES, argv)
 
 
 if __name__ == "__main__":
