@@ -19,7 +19,7 @@ import zoo_check  # noqa: E402
 SCRIPT = REPO / "scripts" / "zoo_check.py"
 CHECKS = ("iter0", "ran", "freed", "loss", "grad")
 # issue 9, item 4: upstream's models/ and examples/ that the CPU build runs, ours, and the ResNet
-ZOO = {"caffenet", "alexnet", "googlenet", "flickr_style", "cifar10_quick", "cifar10_full", "lenet",
+ZOO = {"caffenet", "alexnet", "googlenet", "flickr_style", "cifar10_quick", "cifar10_full", "cifar10_sigmoid_bn", "lenet",
        "mnist_autoencoder", "siamese", "comet_tiny", "caffenet_dogs", "resnet18_dogs", "hdf5_nonlinear",
        "pycaffe_linreg"}
 
