@@ -525,7 +525,8 @@ if grep -q "comet {" "$solver" && ! grep -q "async: false" "$solver"; then
   echo "I1205 stand-in: waiting for the store's stream"; exec sleep 300
 fi
 for i in 10 20 30; do echo "I1205 solver.cpp:218] Iteration $i (50 iter/s, 0.2s/10 iters), loss = 1.5"; done
-grep -q "comet {" "$solver" && echo "I1205 store.cpp:1] COMET total: peak memory 100.0 MB, activations 10 MB -> 1 MB (10x), layer buffers 1 MB"
+grep -q "comet {" "$solver" && echo "I1205 store.cpp:1] COMET total: peak memory 100.0 MB, activations 10 MB -> 1 MB (10x), layer buffers 1 MB" &&
+  echo "I1205 statistics.cpp:196] COMET time per iteration: encode 3.9 ms, decode 2.9 ms; the step waited 1.2 ms (83% ran beside it)"
 exit 0
 '''
 
@@ -567,6 +568,10 @@ def test_gpu_check_runs_later_comet_steps_in_the_step_after_the_stream_hangs(bun
     for step in ("train-caffenet-cudnn-on", "train-resnet18-on"):
         assert re.search(rf"^{step} +PASS .*\(async: false: train-caffenet-on hung\)", summary, re.M), (step, summary)
     assert "stream_fallback\t" in (out / "results.tsv").read_text()
+    # COMET's own time split, for telling the stream's gain from the codec's cost
+    assert re.search(r"^train-caffenet-sync +PASS .*; time: encode 3\.9 ms, decode 2\.9 ms; the step waited 1\.2 ms",
+                     summary, re.M), summary
+    assert "train-caffenet-sync.comet_time\tencode 3.9 ms" in (out / "results.tsv").read_text()
     comet = _sections(log.read_text())
     # caffenet-on (the stream), caffenet-sync, then the fallback's: cudnn-on, resnet18-on, resnet18-cudnn-on,
     # and the resumes' first runs
