@@ -28,6 +28,7 @@ and suggests --cpu. A caffe that stops before its first iteration is an error, w
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -196,6 +197,7 @@ class _View:
     def __init__(self, max_iter: int):
         self.max_iter = max_iter
         self.test_at: tuple[int, dict] | None = None
+        self.diverged_at: int | None = None  # the first display whose train outputs were NaN or Inf
 
     def flush(self) -> None:
         if self.test_at is not None:
@@ -212,6 +214,14 @@ class _View:
                              if k not in ("NumIters", "Seconds", "LearningRate"))
             console.print(f"iter {ev.iteration:>7}/{self.max_iter}  {outs}  lr {parser.lr:.3g}  "
                           f"{parser.seconds:7.1f} s")
+            bad = [k for k, v in row.items() if k not in ("NumIters", "Seconds", "LearningRate")
+                   and not math.isfinite(v)]
+            if bad and self.diverged_at is None:  # once: caffe goes on, as upstream's does
+                self.diverged_at = ev.iteration
+                console.print(f"[yellow]{', '.join(bad)} not finite at iteration {ev.iteration}: training "
+                              f"diverged; caffe goes on (Ctrl-C stops it with a snapshot). A lower base_lr "
+                              f"(now {parser.lr:.3g}) or clip_gradients in the solver usually helps; COMET "
+                              f"keeps blobs that hold NaN or Inf dense (caffe.log says which)[/]")
         elif ev.kind == "test":  # outputs arrive one per line: gather them into one line
             if self.test_at is not None and self.test_at[0] != ev.iteration:
                 self.flush()
@@ -438,7 +448,9 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
         raise CometError(f"caffe stopped before training started (exit status {code}): "
                          f"{_why_it_stopped(parser, tail)}; full log: {log_path}", exit_code=code)
     if code == 0:
-        console.print(f"[green]done[/] after iteration {reached}; log {log_path}")
+        diverged = "" if view.diverged_at is None else \
+            f" [yellow](diverged: outputs not finite since iteration {view.diverged_at})[/]"
+        console.print(f"[green]done[/] after iteration {reached}{diverged}; log {log_path}")
     elif interrupts and logged:
         console.print(f"[yellow]stopped[/] at iteration {reached}; snapshot {escape(logged[-1])}")
     else:

@@ -621,6 +621,30 @@ def test_a_run_that_fails_to_start_is_one_error_without_a_report_hint(tmp_path, 
     assert "stack trace" in (tmp_path / "run" / "caffe.log").read_text()  # all of it is in the log
 
 
+DIVERGES = textwrap.dedent("""\
+    for it, loss in ((0, "2.3"), (10, "1.9"), (20, "nan"), (30, "-nan"), (40, "inf")):
+        print(f"I1205 10:00:{it:02d}.000000 1 solver.cpp:218] Iteration {it} (1 iter/s), loss = {loss}")
+        print(f"I1205 10:00:{it:02d}.000000 1 solver.cpp:237]     Train net output #0: loss = {loss}")
+        print(f"I1205 10:00:{it:02d}.000000 1 sgd_solver.cpp:105] Iteration {it}, lr = 0.5")
+    print("I1205 10:00:50.000000 1 solver.cpp:464] Optimization Done.")
+""")
+
+
+def test_a_diverging_run_says_so_once_and_at_the_end(tmp_path, wf_pb2, wf_synthetic, capsys):
+    """Caffe trains on after its loss turns NaN, as upstream's does; the view says once where it
+    diverged and what usually helps, and the closing line repeats it."""
+    fake = tmp_path / "fake_caffe"
+    fake.write_text(f"#!{sys.executable}\n" + DIVERGES)
+    fake.chmod(0o755)
+    solver = wf_point_model_at(wf_pb2, REPO / "models" / "comet_tiny", wf_synthetic, tmp_path / "m")
+    assert tr.train(solver, cpu=True, run_dir=tmp_path / "run", caffe_bin=fake) == 0
+    shown = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert shown.count("training diverged") == 1, shown
+    assert "loss not finite at iteration 20: training diverged" in shown, shown
+    assert "A lower base_lr (now 0.5)" in shown, shown
+    assert "(diverged: outputs not finite since iteration 20)" in shown, shown
+
+
 def _fake_cuda_build(tmp_path: Path, cuda: str = "13.0") -> Path:
     cmake = tmp_path / "cuda-build" / "cmake"
     (cmake / "tools").mkdir(parents=True)
