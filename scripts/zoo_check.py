@@ -504,6 +504,25 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def export(names: list[str], out: Path, pb2) -> int:
+    """--export: the nets as `caffe train` alone can run them (scripts/gpu_zoo_check.py on the GPU
+    machine, which has no pycaffe)."""
+    from cometctl.caffeproto import write_text_proto
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = ["# name\tbase_lr (scripts/zoo_check.py --export)"]
+    for name in names:
+        net = BY_NAME[name]
+        if net.pythonpath:
+            print(f"zoo_check: --export leaves out {name} (a Python layer: pycaffe)", file=sys.stderr)
+            continue
+        write_text_proto(out / f"{name}.prototxt", train_net(net, pb2))
+        rows.append(f"{name}\t{net.base_lr!r}")
+    (out / "nets.tsv").write_text("\n".join(rows) + "\n")
+    print(f"zoo_check: {len(rows) - 1} nets in {out}", file=sys.stderr)
+    return 0
+
+
 def _target(comet: str, pb2) -> float:
     from google.protobuf import text_format
 
@@ -522,6 +541,9 @@ def main(argv=None) -> int:
                     help=f'inside of the COMET run\'s comet {{ }} block (default "{DEFAULT_COMET}")')
     ap.add_argument("--keep", type=Path, help="keep the prototxts and logs in this folder")
     ap.add_argument("--timeout", type=float, default=900, help="seconds allowed per run (default 900)")
+    ap.add_argument("--export", type=Path, metavar="DIR",
+                    help="write each net's TRAIN net with DummyData (DIR/NAME.prototxt) and DIR/nets.tsv (name, "
+                         "base_lr) for scripts/gpu_zoo_check.py, and exit; nets with Python layers are left out")
     ap.add_argument("--child", choices=("off", "on"), help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -553,6 +575,9 @@ def main(argv=None) -> int:
     except Exception as e:  # a --comet that does not parse
         print(f"zoo_check: --comet: {e}", file=sys.stderr)
         return 2
+
+    if args.export:
+        return export(names, args.export, pb2)
 
     t0 = time.time()
     base = args.keep or Path(tempfile.mkdtemp(prefix="zoo-check-"))

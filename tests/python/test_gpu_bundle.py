@@ -193,8 +193,12 @@ def test_bundle_is_under_60_mib_and_has_what_the_check_runs(bundle):
     for f in ("run", "env.sh", "BUILDINFO", "bin/caffe", "bin/test.testbin", "bin/sz_test_gpu", "bin/sz_bench",
               "libexec/caffe", "lib/ld-linux-x86-64.so.2", "lib/libc.so.6", "lib/libcaffe.so.1.0.0",
               "lib/libsz.so.1", "lib/sz/libsz.so.1", "models/caffenet/train_val.prototxt",
-              "models/resnet18/train_val.prototxt", "testroot/src/caffe/test/test_data/solver_data.h5"):
+              "models/resnet18/train_val.prototxt", "testroot/src/caffe/test/test_data/solver_data.h5",
+              "python/zoo_check.py", "models/zoo/nets.tsv", "models/zoo/googlenet.prototxt",
+              "models/zoo/resnet18_dogs.prototxt"):
         assert "gpu-check/" + f in names, f
+    with tarfile.open(bundle) as t:
+        assert re.search(r"^zoo=yes \(10 nets\)$", t.extractfile("gpu-check/BUILDINFO").read().decode(), re.M)
     # the driver and the CUDA runtime libraries come from the GPU machine, and so do cuDNN and NCCL
     for n in names:
         assert not re.search(r"/lib(cuda|cudart|cublas|cublasLt|curand|cudnn|nccl)[._]", n), n
@@ -478,7 +482,7 @@ def test_gpu_check_without_a_gpu_names_each_step_and_writes_few_files(bundle, tm
     assert summary.startswith("COMET-Caffe GPU check: FAIL")
     for step in ("device", "gtest-comet", "gtest-every-solver", "gtest-comet-cudnn", "sz-test-gpu", "sz-bench", "train-runtime", "train-caffenet-off",
                  "train-caffenet-on", "train-caffenet-sync", "train-caffenet-cudnn-off", "train-caffenet-cudnn-on", "train-resnet18-off",
-                 "train-resnet18-on", "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "plan-caffenet", "plan-cometctl", "resume-resnet18", "resume-caffenet", "gtest-upstream", "gtest-upstream-gradients", "gtest-comet-rest",
+                 "train-resnet18-on", "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "plan-caffenet", "plan-cometctl", "resume-resnet18", "resume-caffenet", "gpu-zoo", "gtest-upstream", "gtest-upstream-gradients", "gtest-comet-rest",
                  "gtest-upstream-double"):
         assert re.search(rf"^{re.escape(step)} +(PASS|FAIL|TIMEOUT|SKIP) ", summary, re.M), (step, summary)
     # no GPU here, so none to spread -gpu all over: not applicable, which alone would not make it INCOMPLETE

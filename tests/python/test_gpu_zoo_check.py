@@ -1,0 +1,110 @@
+"""scripts/gpu_zoo_check.py, the zoo check through `caffe train` alone (gpu-check's gpu-zoo step), run here
+with the CPU build on nets that `scripts/zoo_check.py --export` writes: correct runs pass, a destroyed
+store fails, and its caffemodel reader agrees with protobuf's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import WF_NEEDS_BUILD, WF_REPO as REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_zoo_check  # noqa: E402
+
+pytestmark = WF_NEEDS_BUILD
+NETS = "lenet,siamese,cifar10_sigmoid_bn,mnist_autoencoder"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zoo")
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "zoo_check.py"), "--export", str(out),
+                        "--nets", NETS + ",pycaffe_linreg"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "leaves out pycaffe_linreg" in p.stderr
+    rows = [line.split("\t") for line in (out / "nets.tsv").read_text().splitlines() if not line.startswith("#")]
+    assert [r[0] for r in rows] == NETS.split(","), rows
+    return out
+
+
+def _check(exported, tmp_path, *extra):
+    from cometctl.paths import tool_path
+
+    env = dict(os.environ, GLOG_logtostderr="1")
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_zoo_check.py"), "--caffe", str(tool_path("caffe")),
+                           "--cpu", "--nets-dir", str(exported), "--work", str(tmp_path / "work"), *extra],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_correct_runs_pass_every_check(exported, tmp_path):
+    p = _check(exported, tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    for name in NETS.split(","):
+        assert f"gpu-zoo: {name}: PASS" in p.stdout, p.stdout
+    assert "gpu-zoo: 4 of 4 nets PASS" in p.stdout, p.stdout
+    # the snapshots go once a net is checked; the logs stay for reading
+    assert not list((tmp_path / "work").rglob("*.caffemodel"))
+    assert (tmp_path / "work" / "lenet" / "on.log").exists()
+
+
+def test_a_destroyed_store_fails_the_weight_checks(exported, tmp_path):
+    p = _check(exported, tmp_path, "--nets", "lenet,siamese", "--comet", "eb_mode: FIXED error_bound: 1e3")
+    assert p.returncode == 1, p.stdout + p.stderr[-3000:]
+    for name in ("lenet", "siamese"):
+        line = next(l for l in p.stdout.splitlines() if l.startswith(f"gpu-zoo: {name}:"))
+        assert ": FAIL " in line and "grad: step 1 weight change error" in line and "steps: step 5" in line, line
+    assert "FAIL: lenet, siamese" in p.stdout
+
+
+def test_a_run_that_fails_names_it(exported, tmp_path):
+    bad = tmp_path / "caffe"
+    bad.write_text("#!/bin/sh\necho 'F1205 10:00:00.000000 1 store.cpp:1] Check failed: something'\nexit 134\n")
+    bad.chmod(0o755)
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_zoo_check.py"), "--caffe", str(bad), "--cpu",
+                        "--nets-dir", str(exported), "--nets", "lenet"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert "gpu-zoo: lenet: FAIL" in p.stdout and "ran: w0: exit status 134: F1205" in p.stdout, p.stdout
+    assert _check(exported, tmp_path, "--nets", "nosuchnet").returncode == 2
+
+
+def test_the_caffemodel_reader_agrees_with_protobuf(exported, tmp_path, wf_pb2):
+    """read_weights (a wire-format reader, for a GPU machine without a protobuf runtime) against
+    caffe_pb2's own parse of a snapshot the CPU build wrote."""
+    from cometctl.paths import tool_path
+
+    d = tmp_path / "siamese"
+    d.mkdir()
+    s = d / "solver.prototxt"
+    s.write_text(gpu_zoo_check.solver_text(exported / "siamese.prototxt", d / "w", "0.01", 0, "cpu", None))
+    assert gpu_zoo_check.run_caffe(str(tool_path("caffe")), s, "cpu", d / "w.log", 120) == ""
+    model = d / "w_iter_0.caffemodel"
+    ours = gpu_zoo_check.read_weights(model)
+    net = wf_pb2.NetParameter()
+    net.ParseFromString(model.read_bytes())
+    theirs = {layer.name: [np.array(b.data, dtype=np.float32) for b in layer.blobs] for layer in net.layer if layer.blobs}
+    assert ours.keys() == theirs.keys() and len(ours) >= 4, (sorted(ours), sorted(theirs))
+    for name, blobs in theirs.items():
+        assert len(ours[name]) == len(blobs)
+        for a, b in zip(ours[name], blobs):
+            assert np.array_equal(np.asarray(a, dtype=np.float32), b), name
+    # shared weights (the Siamese twins' _p layers) are stored under each layer's own name
+    assert any(n.endswith("_p") for n in ours)
+
+
+def test_iteration_0_is_read_from_the_display_lines(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text("I1205 solver.cpp:218] Iteration 0 (0 iter/s, 0.01s/1 iters), loss = 2.30259\n"
+                   "I1205 solver.cpp:237]     Train net output #0: loss = 2.30259 (* 1 = 2.30259 loss)\n"
+                   "I1205 sgd_solver.cpp:105] Iteration 0, lr = 0.01\n"
+                   "I1205 solver.cpp:218] Iteration 1 (90 iter/s, 0.01s/1 iters), loss = nan\n"
+                   "I1205 solver.cpp:237]     Train net output #0: loss = nan (* 1 = nan loss)\n"
+                   "I1205 solver.cpp:447] Iteration 2, loss = 1.9\n")
+    losses, first = gpu_zoo_check.displayed(log)
+    assert losses == [(0, "2.30259"), (1, "nan"), (2, "1.9")]
+    assert first == ["loss = 2.30259 (* 1 = 2.30259 loss)"]
+    assert not gpu_zoo_check._finite("nan") and gpu_zoo_check._finite("2.3")
