@@ -108,3 +108,18 @@ def test_iteration_0_is_read_from_the_display_lines(tmp_path):
     assert losses == [(0, "2.30259"), (1, "nan"), (2, "1.9")]
     assert first == ["loss = 2.30259 (* 1 = 2.30259 loss)"]
     assert not gpu_zoo_check._finite("nan") and gpu_zoo_check._finite("2.3")
+
+
+def test_the_error_is_the_same_without_numpy(monkeypatch):
+    """The GPU machine's Python may lack numpy: the pure-Python sums give the same figure."""
+    import array
+
+    w0 = [array.array("f", [0.0, 1.0, 2.0]), array.array("d", [1.0])]
+    off = [array.array("f", [0.5, 1.5, 2.0]), array.array("d", [2.0])]
+    on = [array.array("f", [0.5, 1.25, 2.0]), array.array("d", [2.5])]
+    want = ((0.25 ** 2 + 0.5 ** 2) / (0.5 ** 2 + 0.5 ** 2 + 1.0)) ** 0.5
+    assert gpu_zoo_check._relative_error(w0, off, on) == pytest.approx(want, rel=1e-12)
+    monkeypatch.setitem(sys.modules, "numpy", None)  # `import numpy` raises ImportError
+    assert gpu_zoo_check._relative_error(w0, off, on) == pytest.approx(want, rel=1e-12)
+    assert gpu_zoo_check._relative_error(w0, w0, w0) == 0.0
+    assert gpu_zoo_check._relative_error(w0, w0, on) == float("inf")
