@@ -482,7 +482,7 @@ def test_gpu_check_without_a_gpu_names_each_step_and_writes_few_files(bundle, tm
     assert summary.startswith("COMET-Caffe GPU check: FAIL")
     for step in ("device", "gtest-comet", "gtest-every-solver", "gtest-comet-cudnn", "sz-test-gpu", "sz-bench", "train-runtime", "train-caffenet-off",
                  "train-caffenet-on", "train-caffenet-sync", "train-caffenet-cudnn-off", "train-caffenet-cudnn-on", "train-resnet18-off",
-                 "train-resnet18-on", "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "plan-caffenet", "plan-cometctl", "resume-resnet18", "resume-caffenet", "gpu-zoo", "gtest-upstream", "gtest-upstream-gradients", "gtest-comet-rest",
+                 "train-resnet18-on", "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "plan-caffenet", "plan-cometctl", "resume-resnet18", "resume-caffenet", "gpu-zoo", "gpu-zoo-cudnn", "gtest-upstream", "gtest-upstream-gradients", "gtest-comet-rest",
                  "gtest-upstream-double"):
         assert re.search(rf"^{re.escape(step)} +(PASS|FAIL|TIMEOUT|SKIP) ", summary, re.M), (step, summary)
     # no GPU here, so none to spread -gpu all over: not applicable, which alone would not make it INCOMPLETE
@@ -512,7 +512,7 @@ def test_gpu_check_skips_the_cudnn_steps_without_libcudnn(bundle, tmp_path):
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     why = "skipped: no libcudnn.so.99 found"
     for step in ("gtest-comet-cudnn", "train-caffenet-cudnn-off", "train-caffenet-cudnn-on",
-                 "train-resnet18-cudnn-off", "train-resnet18-cudnn-on"):
+                 "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "gpu-zoo-cudnn"):
         assert re.search(rf"^{re.escape(step)} +SKIP .*{re.escape(why)}", summary, re.M), (step, summary)
     assert "cudnn_build\tskipped: no libcudnn.so.99 found" in (out / "results.tsv").read_text()
     assert "no libcudnn.so.99 found" in (out / "device.txt").read_text()

@@ -123,3 +123,13 @@ def test_the_error_is_the_same_without_numpy(monkeypatch):
     assert gpu_zoo_check._relative_error(w0, off, on) == pytest.approx(want, rel=1e-12)
     assert gpu_zoo_check._relative_error(w0, w0, w0) == 0.0
     assert gpu_zoo_check._relative_error(w0, w0, on) == float("inf")
+
+
+def test_iteration_0_within_a_tolerance_for_the_cudnn_build():
+    same = gpu_zoo_check._same_iteration_0
+    off = ([(0, "2.30259")], ["loss = 2.30259 (* 1 = 2.30259 loss)"])
+    close = ([(0, "2.3026")], ["loss = 2.3026 (* 1 = 2.3026 loss)"])
+    far = ([(0, "2.31")], ["loss = 2.31 (* 1 = 2.31 loss)"])
+    assert same(*off, *off, 0) and not same(*off, *close, 0)
+    assert same(*off, *close, 1e-4) and not same(*off, *far, 1e-4)
+    assert not same(*off, [(0, "nan")], ["loss = nan (* 1 = nan loss)"], 1e-4)
