@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import array
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -167,9 +168,10 @@ def solver_text(net: Path, prefix: Path, base_lr: str, steps: int, device: str, 
 def run_caffe(caffe: str, solver: Path, device: str, log: Path, timeout: float) -> str:
     """'' when it exited 0, else why not."""
     cmd = [caffe, "train", "-solver", str(solver)] + ([] if device == "cpu" else ["-gpu", device])
+    env = dict(os.environ, GLOG_logtostderr="1")  # the display lines are INFO: into the log, not /tmp
     with open(log, "w") as f:
         try:
-            status = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            status = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env).returncode
         except subprocess.TimeoutExpired:
             return f"cut at {timeout:.0f} s"
     if status == 0:
