@@ -583,6 +583,7 @@ def test_gpu_check_runs_later_comet_steps_in_the_step_after_the_stream_hangs(bun
     assert "async: false" not in comet[0] and "caffenet" in comet[0].splitlines()[0], comet[0]
     assert all("async: false" in s for s in comet[1:]), log.read_text()
     assert any("resume-" in s for s in comet[1:]), log.read_text()
+    assert any("models/zoo/" in s for s in comet[1:]), log.read_text()  # gpu-zoo's runs too
 
 
 def test_gpu_check_names_the_test_a_cut_gtest_step_was_in(bundle, tmp_path):
