@@ -247,8 +247,6 @@ def check_net(name: str, base_lr: str, args, work: Path) -> tuple[bool, str, dic
         fails.append(f"iter0: iteration 0 differs ({off_losses[:1]} {off_first[:2]} vs {on_losses[:1]} {on_first[:2]})")
     w0 = d / "w0_iter_0.caffemodel"
     for label, step, limit in (("grad", 1, GRAD_FACTOR * args.target), ("steps", args.steps, STEPS_TOL)):
-        if step < 1:
-            continue
         off, on = d / f"off_iter_{step}.caffemodel", d / f"on_iter_{step}.caffemodel"
         missing = [p.name for p in (w0, off, on) if not p.exists()]
         if missing:
@@ -283,7 +281,8 @@ def main(argv=None) -> int:
     ap.add_argument("--nets", help="comma-separated names (default: every one in nets.tsv)")
     ap.add_argument("--steps", type=int, default=5, help="training steps of the off and on runs (default 5)")
     ap.add_argument("--comet", default=DEFAULT_COMET, help=f'inside of comet {{ }} (default "{DEFAULT_COMET}")')
-    ap.add_argument("--target", type=float, default=0.05, help="the comet block's adaptive_target (default 0.05)")
+    ap.add_argument("--target", type=float, default=0.05,
+                    help="the first step's limit: --comet's adaptive_target, or what a FIXED block is held to (default 0.05)")
     ap.add_argument("--work", help="keep the solvers, logs and snapshots here (default: a temporary folder)")
     ap.add_argument("--timeout", type=float, default=120, help="seconds allowed per caffe run (default 120)")
     ap.add_argument("--iter0-rel", type=float, default=0.0,
