@@ -19,6 +19,8 @@ and these checks per net:
   grad   the first step's weight change, per learnable layer (all its blobs together):
          ||w1_on - w1_off|| / ||w1_off - w0|| <= adaptive_target (GRAD_FACTOR 1, as zoo_check's grad)
   steps  the same after --steps steps: ||wN_on - wN_off|| / ||wN_off - w0|| <= STEPS_TOL
+  stored COMET on's last `COMET total` line says its activations were stored at least MIN_RATIO (2x)
+         smaller: a store that kept everything dense would pass the weight checks with errors of 0
 
 The weights are read from the .caffemodel snapshots with a small protobuf wire reader (NetParameter
 field 100 `layer`: name 1, blobs 7; BlobProto data 5, double_data 8), so no protobuf runtime is needed.
@@ -53,6 +55,8 @@ GRAD_FACTOR = 1.0   # first-step error allowed, as a fraction of adaptive_target
 STEPS_TOL = 0.25
 DISPLAY = re.compile(r"Iteration (\d+) \(.*\), loss = (\S+)|Iteration (\d+), loss = (\S+)")
 OUTPUT = re.compile(r"Train net output #\d+: (.*)$")
+STORED = re.compile(r"COMET total: activations (\S+ \S*B) -> (\S+ \S*B) \(([\d.]+)x\)")
+MIN_RATIO = 2.0     # the zoo's nets store their activations 3.3x to 26x smaller on the CPU; dense: 1x
 
 
 # ----------------------------------------------------------------------------- the caffemodel reader
@@ -242,6 +246,11 @@ def check_net(name: str, base_lr: str, args, work: Path) -> tuple[bool, str, dic
         nonfinite = [f"{i}: {v}" for i, v in losses if not _finite(v)]
         if nonfinite:
             fails.append(f"ran: COMET {m} loss not finite ({', '.join(nonfinite[:3])})")
+    stored = [m for m in STORED.finditer((d / "on.log").read_text(errors="replace"))]
+    if not stored:
+        fails.append("stored: no 'COMET total' line in COMET on's log (no store?)")
+    elif not float(stored[-1].group(3)) >= MIN_RATIO:
+        fails.append(f"stored: activations only {stored[-1].group(3)}x smaller (at least {MIN_RATIO:g}x expected)")
     (off_losses, off_first), (on_losses, on_first) = shown["off"], shown["on"]
     if not _same_iteration_0(off_losses[:1], off_first, on_losses[:1], on_first, args.iter0_rel):
         fails.append(f"iter0: iteration 0 differs ({off_losses[:1]} {off_first[:2]} vs {on_losses[:1]} {on_first[:2]})")
@@ -265,7 +274,8 @@ def check_net(name: str, base_lr: str, args, work: Path) -> tuple[bool, str, dic
         if not errs[worst] <= limit:
             fails.append(f"{label}: step {step} weight change error {errs[worst]:.3g} ({worst}) above {limit:.3g}")
     g, s = figures.get("grad"), figures.get("steps")
-    text = (f"step 1 error at most {g['max']:.2e} ({g['layer']})" if g else "step 1 -") + \
+    text = (f"stored {stored[-1].group(1)} -> {stored[-1].group(2)} ({stored[-1].group(3)}x), " if stored else "") + \
+        (f"step 1 error at most {g['max']:.2e} ({g['layer']})" if g else "step 1 -") + \
         (f", step {args.steps} at most {s['max']:.2e} ({s['layer']})" if s and args.steps > 1 else "")
     return not fails, text + ("; " + "; ".join(fails) if fails else ""), figures
 

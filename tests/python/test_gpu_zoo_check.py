@@ -5,6 +5,7 @@ store fails, and its caffemodel reader agrees with protobuf's."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -45,7 +46,7 @@ def test_correct_runs_pass_every_check(exported, tmp_path):
     p = _check(exported, tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     for name in NETS.split(","):
-        assert f"gpu-zoo: {name}: PASS" in p.stdout, p.stdout
+        assert re.search(rf"gpu-zoo: {name}: PASS in [0-9.]+ s: stored .* \(\d+\.\dx\), step 1", p.stdout), p.stdout
     assert "gpu-zoo: 4 of 4 nets PASS" in p.stdout, p.stdout
     # the snapshots go once a net is checked; the logs stay for reading
     assert not list((tmp_path / "work").rglob("*.caffemodel"))
@@ -133,3 +134,11 @@ def test_iteration_0_within_a_tolerance_for_the_cudnn_build():
     assert same(*off, *off, 0) and not same(*off, *close, 0)
     assert same(*off, *close, 1e-4) and not same(*off, *far, 1e-4)
     assert not same(*off, [(0, "nan")], ["loss = nan (* 1 = nan loss)"], 1e-4)
+
+
+def test_a_store_that_stores_nothing_fails(exported, tmp_path):
+    """With the store off, the weights agree exactly: the check must still fail, on what was stored."""
+    p = _check(exported, tmp_path, "--nets", "lenet", "--comet", "enabled: false")
+    assert p.returncode == 1, p.stdout
+    assert "stored: no 'COMET total' line in COMET on's log" in p.stdout, p.stdout
+    assert "step 1 error at most 0.00e+00" in p.stdout, p.stdout
