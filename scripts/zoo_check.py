@@ -33,6 +33,9 @@ their own, CometGemmTest). Checks, per net:
            a read computed on zeros, a fatal error (and so also a failed run) in newer ones.
   loss     the total loss (outputs weighted by their loss weights), averaged over the last 3 steps,
            differs between on and off by at most LOSS_TOL = 1% of the off value plus LOSS_ABS = 0.001.
+  stored   the COMET run's last step held its activations at least 2x smaller than dense (the store's
+           own figures, Solver.comet_stats()): a store that kept everything dense would pass every
+           other check. pycaffe_linreg stores nothing, by design, and must not.
   grad     the relative error of each learnable layer's weight gradient after the first
            forward+backward, ||dW_on - dW_off|| / ||dW_off|| (all of a layer's parameter blobs
            together), is at most GRAD_FACTOR = 1 times adaptive_target (0.05 by default).
@@ -115,6 +118,9 @@ class ZooNet:
     base_lr: float = 0.01
     note: str = ""
     pythonpath: str = ""  # where its Python layers' modules are, as source says ("upstream:<folder>")
+    # the stored check: the last step's activations held at least this many times smaller; 1: the
+    # store keeps everything dense by design (and must: a Python loss layer has no fact row)
+    min_stored_ratio: float = 2.0
 
     def input_text(self) -> str:
         if not self.tops:
@@ -177,7 +183,7 @@ NETS = [
            {"data": ("gauss", (4,), 1.0), "label": ("label", 2)}, base_lr=0.01,
            note="HDF5Data; InnerProduct only; Accuracy in TRAIN reads the loss's input"),
     ZooNet("pycaffe_linreg", "upstream:examples/pycaffe/linreg.prototxt", 10, {}, base_lr=0.01,
-           pythonpath="upstream:examples/pycaffe/layers",
+           pythonpath="upstream:examples/pycaffe/layers", min_stored_ratio=1.0,
            note="a Python loss layer (pyloss.EuclideanLossLayer); DummyData of its own"),
 ]
 BY_NAME = {n.name: n for n in NETS}
@@ -252,7 +258,7 @@ def train_net(net: ZooNet, pb2):
 
 def solver_text(netfile: Path, prefix: Path, base_lr: float, comet: str | None) -> str:
     text = (f'net: "{netfile}"\nbase_lr: {base_lr}\nlr_policy: "fixed"\nmomentum: 0.9\nweight_decay: 0.0005\n'
-            f'display: 0\nmax_iter: 1000000\nsnapshot: 0\nsnapshot_after_train: false\n'
+            f'display: 1\nmax_iter: 1000000\nsnapshot: 0\nsnapshot_after_train: false\n'
             f'snapshot_prefix: "{prefix}"\nrandom_seed: {SEED}\nsolver_mode: CPU\n')
     return text + (f"comet {{ {comet} }}\n" if comet is not None else "")
 
@@ -302,8 +308,11 @@ def child(mode: str, workdir: Path, iters: int) -> int:
         (workdir / f"{mode}.json").write_text(json.dumps(result))
     if mode == "on":
         try:
-            stats = solver.comet_stats() or {}
+            stats = solver.comet_stats() or {}  # the last step's (display: 1)
             result["bounds"] = {k: float(v) for k, v in dict(stats.get("bounds", {})).items()}
+            layers = list(stats.get("layers", []))
+            result["stored"] = {"dense_bytes": sum(int(l["dense_bytes"]) for l in layers),
+                                "stored_bytes": sum(int(l["stored_bytes"]) for l in layers)}
         except Exception as e:  # figures only; never a failure of the check
             result["bounds_error"] = str(e)
     result["seconds"] = time.time() - t0
@@ -443,6 +452,15 @@ def compare(net: ZooNet, workdir: Path, off: Run, on: Run, target: float) -> dic
                           "limit": limit, "per_layer": errs}
     else:
         checks["grad"] = {"pass": False, "limit": limit, "why": "no gradients to compare", "per_layer": errs}
+    # stored
+    st = on.result.get("stored")
+    if st is None:
+        checks["stored"] = {"pass": False, "why": "no COMET statistics from the COMET run (no store?)"}
+    else:
+        ratio = st["dense_bytes"] / st["stored_bytes"] if st["stored_bytes"] else (math.inf if st["dense_bytes"] else 1.0)
+        want = net.min_stored_ratio
+        checks["stored"] = {"pass": ratio >= want if want > 1 else ratio <= 1.0, "ratio": ratio,
+                            "limit": want, **st}
     return checks
 
 
@@ -477,7 +495,7 @@ def _fmt(x, spec=".4g") -> str:
 
 def table(results: dict) -> str:
     rows = ["| net | input | iter-0 identical | loss off -> on (last 3) | rel diff | max dW error (layer) "
-            "| freed reads | verdict |", "|---|---|---|---|---:|---|---:|---|"]
+            "| stored | freed reads | verdict |", "|---|---|---|---|---:|---|---:|---:|---|"]
     for name, r in results.items():
         c = r["checks"]
         i0 = c["iter0"]
@@ -500,7 +518,8 @@ def table(results: dict) -> str:
         if failed:
             verdict += " [" + ",".join(failed) + "]"
         rows.append(f"| {name} | {r['input']} | {i0_text} | {_fmt(loss.get('off'))} -> {_fmt(loss.get('on'))} | "
-                    f"{_fmt(loss.get('rel_diff'), '.2%')} | {grad_text} | {c['freed']['count']} | {verdict} |")
+                    f"{_fmt(loss.get('rel_diff'), '.2%')} | {grad_text} | {_fmt(c['stored'].get('ratio'), '.1f')}{'x' if 'ratio' in c['stored'] else ''} | "
+                    f"{c['freed']['count']} | {verdict} |")
     return "\n".join(rows)
 
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import zoo_check  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "zoo_check.py"
-CHECKS = ("iter0", "ran", "freed", "loss", "grad")
+CHECKS = ("iter0", "ran", "freed", "loss", "grad", "stored")
 # issue 9, item 4: upstream's models/ and examples/ that the CPU build runs, ours, and the ResNet
 ZOO = {"caffenet", "alexnet", "googlenet", "flickr_style", "cifar10_quick", "cifar10_full", "cifar10_sigmoid_bn", "lenet",
        "mnist_autoencoder", "siamese", "comet_tiny", "caffenet_dogs", "resnet18_dogs", "hdf5_nonlinear",
@@ -154,6 +154,18 @@ def test_a_destructive_error_bound_fails_the_gradient_and_loss_checks(tmp_path):
     assert not checks["grad"]["pass"] and checks["grad"]["max"] > 10 * checks["grad"]["limit"]
     assert not checks["loss"]["pass"]
     assert "FAIL" in proc.stdout and "lenet: FAIL" in proc.stderr
+
+
+@WF_NEEDS_BUILD
+def test_a_store_that_stores_nothing_fails_the_stored_check(tmp_path):
+    """With the store turned off every other check passes (the runs are the same): only `stored` fails."""
+    out = tmp_path / "off.json"
+    proc = _run("--nets", "lenet", "--iters", "2", "--comet", "enabled: false", "--json", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = json.loads(out.read_text())["nets"]["lenet"]["checks"]
+    assert not checks["stored"]["pass"] and checks["stored"]["ratio"] == 1.0, checks["stored"]
+    assert all(checks[c]["pass"] for c in ("iter0", "ran", "freed", "grad")), checks
+    assert "[stored]" in proc.stdout
 
 
 @WF_NEEDS_BUILD
