@@ -12,7 +12,9 @@ Each net trains 3 steps COMET off, with a lossless store (`compress_type: "None"
 plan keeps, frees or masks must give the same bits) and with a lossy one (FIXED 1e-3), then pycaffe
 runs one forward and backward. Lossless: every output of every step and every weight gradient (and
 the input gradient) bit for bit those of COMET off. Lossy: outputs within 1e-3 and gradients within
-1% (relative L2) of COMET off; a store that froze, zeroed or dropped a blob misses both by far."""
+1% (relative L2) of COMET off; a store that froze, zeroed or dropped a blob misses both by far. And
+the store's own figures for the last step (`Solver.comet_stats()`) show a plan, and the lossy store
+holding its blobs smaller than dense: a store that did nothing would pass every comparison."""
 
 from __future__ import annotations
 
@@ -134,7 +136,7 @@ caffe.set_mode_cpu()
 folder, comet = sys.argv[2], sys.argv[3]
 with open(folder + "/solver.prototxt", "w") as f:
     f.write('net: "%s/net.prototxt"\nbase_lr: 0.01\nmomentum: 0.9\nlr_policy: "fixed"\nrandom_seed: 5\n'
-            'max_iter: 100\ndisplay: 0\nsnapshot_after_train: false\nsolver_mode: CPU\n' % folder
+            'max_iter: 100\ndisplay: 1\nsnapshot_after_train: false\nsolver_mode: CPU\n' % folder
             + ("comet { %s }\n" % comet if comet != "off" else ""))
 solver = caffe.get_solver(folder + "/solver.prototxt")
 steps = []
@@ -142,12 +144,16 @@ for _ in range(3):
     caffe.set_random_seed(7)
     solver.step(1)
     steps.append({k: solver.net.blobs[k].data.ravel().tolist() for k in solver.net.outputs})
+stats = solver.comet_stats() or {"layers": []}  # the last step's, as the store planned and measured it
+stored = {"dense_bytes": sum(l["dense_bytes"] for l in stats["layers"]),
+          "stored_bytes": sum(l["stored_bytes"] for l in stats["layers"]),
+          "kinds": sorted({l["kind"] for l in stats["layers"]})}
 caffe.set_random_seed(7)
 solver.net.forward()
 solver.net.backward()
 grads = {k: np.concatenate([p.diff.ravel() for p in v]).tolist() for k, v in solver.net.params.items()}
 grads["input"] = solver.net.blobs["data" if "data" in solver.net.blobs else "x"].diff.ravel().tolist()
-json.dump({"steps": steps, "grads": grads}, open(folder + "/" + sys.argv[4] + ".json", "w"))
+json.dump({"steps": steps, "grads": grads, "stored": stored}, open(folder + "/" + sys.argv[4] + ".json", "w"))
 """
 
 
@@ -185,6 +191,13 @@ def test_the_store_keeps_what_each_backward_reads(tmp_path, net, force_backward)
         assert np.linalg.norm(y - x) <= 0.01 * np.linalg.norm(x), (k, np.linalg.norm(y - x) / np.linalg.norm(x))
         compared += 1
     assert compared >= 2
+    # and the store did something: a store that kept every blob dense would pass all of the above
+    for run in (exact, lossy):
+        assert run["stored"]["kinds"], "no COMET plan in the last step's figures: the store did nothing"
+    if net == "lstm_without_a_fact_row":
+        assert lossy["stored"]["dense_bytes"] == 0, lossy["stored"]  # the LSTM's blobs stay dense
+    else:
+        assert 0 < lossy["stored"]["stored_bytes"] < lossy["stored"]["dense_bytes"], lossy["stored"]
     assert bool(np.linalg.norm(off["grads"]["input"])) == force_backward  # as Caffe computes it
     if net == "propagate_down_false" and not force_backward:  # force_backward overrides it in Caffe
         assert not np.linalg.norm(off["grads"]["c1"])  # nothing reaches below c2
