@@ -210,12 +210,11 @@ class _View:
             self.flush()
         if ev.kind == "lr":  # caffe prints the learning rate after the train outputs of a display step
             row = parser.train.get(ev.iteration, {})
-            outs = "  ".join(f"{k} {v:.4g}" for k, v in row.items()
-                             if k not in ("NumIters", "Seconds", "LearningRate"))
+            outputs = {k: v for k, v in row.items() if k not in ("NumIters", "Seconds", "LearningRate")}
+            outs = "  ".join(f"{k} {v:.4g}" for k, v in outputs.items())
             console.print(f"iter {ev.iteration:>7}/{self.max_iter}  {outs}  lr {parser.lr:.3g}  "
                           f"{parser.seconds:7.1f} s")
-            bad = [k for k, v in row.items() if k not in ("NumIters", "Seconds", "LearningRate")
-                   and not math.isfinite(v)]
+            bad = [k for k, v in outputs.items() if not math.isfinite(v)]
             if bad and self.diverged_at is None:  # once: caffe goes on, as upstream's does
                 self.diverged_at = ev.iteration
                 console.print(f"[yellow]{', '.join(bad)} not finite at iteration {ev.iteration}: training "

@@ -148,8 +148,9 @@ def _relative_error(w0, off, on) -> float:
     return math.sqrt(num / den)
 
 
-def layer_errors(w0: Path, off: Path, on: Path) -> dict[str, float]:
-    a, b, c = read_weights(w0), read_weights(off), read_weights(on)
+def layer_errors(a: dict, off: Path, on: Path) -> dict[str, float]:
+    """Per layer, ||on - off|| / ||off - a|| (a: the initial weights, read once by the caller)."""
+    b, c = read_weights(off), read_weights(on)
     if not (a.keys() == b.keys() == c.keys()):
         raise ValueError(f"the snapshots name different layers: {sorted(a)} / {sorted(b)} / {sorted(c)}")
     return {name: _relative_error(a[name], b[name], c[name]) for name in a}
@@ -224,7 +225,7 @@ def _same_iteration_0(off_loss, off_first, on_loss, on_first, rel: float) -> boo
                for xs, ys in zip(a, b) for x, y in zip(xs, ys))
 
 
-def check_net(name: str, base_lr: str, args, work: Path) -> tuple[bool, str, dict]:
+def check_net(name: str, base_lr: str, args, work: Path) -> tuple[bool, str]:
     net = Path(args.nets_dir) / f"{name}.prototxt"
     d = work / name
     d.mkdir(parents=True, exist_ok=True)
@@ -234,10 +235,9 @@ def check_net(name: str, base_lr: str, args, work: Path) -> tuple[bool, str, dic
         s = d / f"solver_{mode}.prototxt"
         s.write_text(solver_text(net, d / mode, base_lr, steps, args.device, comet))
         why[mode] = run_caffe(args.caffe, s, args.device, d / f"{mode}.log", args.timeout)
-    figures: dict = {}
     bad = [f"{m}: {w}" for m, w in why.items() if w]
     if bad:
-        return False, "ran: " + "; ".join(bad), figures
+        return False, "ran: " + "; ".join(bad)
     fails = []
     shown = {m: displayed(d / f"{m}.log") for m in ("off", "on")}
     for m, (losses, _) in shown.items():
@@ -246,15 +246,19 @@ def check_net(name: str, base_lr: str, args, work: Path) -> tuple[bool, str, dic
         nonfinite = [f"{i}: {v}" for i, v in losses if not _finite(v)]
         if nonfinite:
             fails.append(f"ran: COMET {m} loss not finite ({', '.join(nonfinite[:3])})")
-    stored = [m for m in STORED.finditer((d / "on.log").read_text(errors="replace"))]
-    if not stored:
+    stored = None  # the last `COMET total` line's activations: dense, stored, ratio
+    for stored in STORED.finditer((d / "on.log").read_text(errors="replace")):
+        pass
+    if stored is None:
         fails.append("stored: no 'COMET total' line in COMET on's log (no store?)")
-    elif not float(stored[-1].group(3)) >= MIN_RATIO:
-        fails.append(f"stored: activations only {stored[-1].group(3)}x smaller (at least {MIN_RATIO:g}x expected)")
+    elif not float(stored.group(3)) >= MIN_RATIO:
+        fails.append(f"stored: activations only {stored.group(3)}x smaller (at least {MIN_RATIO:g}x expected)")
     (off_losses, off_first), (on_losses, on_first) = shown["off"], shown["on"]
     if not _same_iteration_0(off_losses[:1], off_first, on_losses[:1], on_first, args.iter0_rel):
         fails.append(f"iter0: iteration 0 differs ({off_losses[:1]} {off_first[:2]} vs {on_losses[:1]} {on_first[:2]})")
     w0 = d / "w0_iter_0.caffemodel"
+    initial = read_weights(w0) if w0.exists() else None
+    figures = {}
     for label, step, limit in (("grad", 1, GRAD_FACTOR * args.target), ("steps", args.steps, STEPS_TOL)):
         off, on = d / f"off_iter_{step}.caffemodel", d / f"on_iter_{step}.caffemodel"
         missing = [p.name for p in (w0, off, on) if not p.exists()]
@@ -262,7 +266,7 @@ def check_net(name: str, base_lr: str, args, work: Path) -> tuple[bool, str, dic
             fails.append(f"{label}: no snapshot {', '.join(missing)}")
             continue
         try:
-            errs = layer_errors(w0, off, on)
+            errs = layer_errors(initial, off, on)
         except ValueError as e:
             fails.append(f"{label}: {e}")
             continue
@@ -270,14 +274,14 @@ def check_net(name: str, base_lr: str, args, work: Path) -> tuple[bool, str, dic
             fails.append(f"{label}: no learnable layer")
             continue
         worst = max(errs, key=lambda k: errs[k])
-        figures[label] = {"max": errs[worst], "layer": worst, "limit": limit, "per_layer": errs}
+        figures[label] = {"max": errs[worst], "layer": worst}
         if not errs[worst] <= limit:
             fails.append(f"{label}: step {step} weight change error {errs[worst]:.3g} ({worst}) above {limit:.3g}")
     g, s = figures.get("grad"), figures.get("steps")
-    text = (f"stored {stored[-1].group(1)} -> {stored[-1].group(2)} ({stored[-1].group(3)}x), " if stored else "") + \
+    text = (f"stored {stored.group(1)} -> {stored.group(2)} ({stored.group(3)}x), " if stored else "") + \
         (f"step 1 error at most {g['max']:.2e} ({g['layer']})" if g else "step 1 -") + \
         (f", step {args.steps} at most {s['max']:.2e} ({s['layer']})" if s and args.steps > 1 else "")
-    return not fails, text + ("; " + "; ".join(fails) if fails else ""), figures
+    return not fails, text + ("; " + "; ".join(fails) if fails else "")
 
 
 def main(argv=None) -> int:
@@ -317,7 +321,7 @@ def main(argv=None) -> int:
     try:
         for name in names:
             t = time.time()
-            ok, text, _ = check_net(name, nets[name], args, work)
+            ok, text = check_net(name, nets[name], args, work)
             print(f"gpu-zoo: {name}: {'PASS' if ok else 'FAIL'} in {time.time() - t:.1f} s: {text}", flush=True)
             if not ok:
                 failed.append(name)

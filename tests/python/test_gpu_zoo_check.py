@@ -33,11 +33,12 @@ def exported(tmp_path_factory):
     return out
 
 
-def _check(exported, tmp_path, *extra):
+def _check(exported, tmp_path, *extra, caffe=None):
     from cometctl.paths import tool_path
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLOG_")}  # the script sets what it needs
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_zoo_check.py"), "--caffe", str(tool_path("caffe")),
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_zoo_check.py"),
+                           "--caffe", str(caffe or tool_path("caffe")),
                            "--cpu", "--nets-dir", str(exported), "--work", str(tmp_path / "work"), *extra],
                           capture_output=True, text=True, timeout=600, env=env)
 
@@ -66,8 +67,7 @@ def test_a_run_that_fails_names_it(exported, tmp_path):
     bad = tmp_path / "caffe"
     bad.write_text("#!/bin/sh\necho 'F1205 10:00:00.000000 1 store.cpp:1] Check failed: something'\nexit 134\n")
     bad.chmod(0o755)
-    p = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_zoo_check.py"), "--caffe", str(bad), "--cpu",
-                        "--nets-dir", str(exported), "--nets", "lenet"], capture_output=True, text=True, timeout=60)
+    p = _check(exported, tmp_path, "--nets", "lenet", caffe=bad)
     assert p.returncode == 1
     assert "gpu-zoo: lenet: FAIL" in p.stdout and "ran: w0: exit status 134: F1205" in p.stdout, p.stdout
     assert _check(exported, tmp_path, "--nets", "nosuchnet").returncode == 2
