@@ -29,6 +29,7 @@ class CometOnDevice {
  public:
   explicit CometOnDevice(int device);
   ~CometOnDevice();
+  int previous() const { return previous_; }  // the device current before the scope
 
  private:
   int previous_, device_;

@@ -204,14 +204,12 @@ void CometGpuMalloc(void** ptr, size_t size) {
 
 void CometGpuFree(void* ptr, size_t size) {
   const int device = DeviceOf(ptr);
-  int current = device;
-  CUDA_CHECK(cudaGetDevice(&current));
   // A block of another device is given back on that device's default stream: its event must be
   // made and recorded there (this thread's stream belongs to the current device).
   CometOnDevice on(device);
   BlockPool& pool = GpuPool(device);
   boost::mutex::scoped_lock lock(pool.mutex);
-  void* stream = current == device ? CometStream() : NULL;
+  void* stream = on.previous() == device ? CometStream() : NULL;
   if (!pool.Give(ptr, BlockPool::Key(device, size), stream)) CUDA_CHECK(cudaFree(ptr));
 }
 
