@@ -57,6 +57,21 @@ COMET_BLOCK = """comet {
 """
 
 
+def comet_block(pb2, text_format, settings: list[str]) -> str:
+    """COMET_BLOCK with `settings` ("FIELD: VALUE") on top, in order: a setting of a field the block
+    already has replaces its value (text_format.Merge keeps the last value of a non-repeated field;
+    the same field twice in a prototxt is a parse error in caffe), one of a repeated field adds to it.
+    A setting comet { } does not parse ends the benchmark before any run, naming it."""
+    param = pb2.CometParameter()
+    text_format.Merge(COMET_BLOCK.strip()[len("comet {"):-1], param)
+    for setting in settings:
+        try:
+            text_format.Merge(setting, param)
+        except text_format.ParseError as e:
+            raise SystemExit(f"bench_memory: {setting!r} is not a comet {{ }} setting: {e}")
+    return "comet {\n" + text_format.MessageToString(param, indent=2) + "}\n"
+
+
 def make_images(cometctl: Path) -> Path:
     """The embedded synthetic dataset at 256x256, made once under build/bench-data."""
     out = ROOT / "build" / "bench-data" / "synthetic256"
@@ -177,6 +192,12 @@ def main() -> int:
     from caffe.proto import caffe_pb2 as pb2
     from google.protobuf import text_format
 
+    # every COMET run's block (the mode's own setting last, over --set's), checked before any run
+    shared = ([f"memory_pool_headroom: {args.pool_headroom}"] if args.pool_headroom is not None else []) \
+        + args.settings
+    blocks = {"on": comet_block(pb2, text_format, shared)}
+    for setting in (["async: false"] if args.sync else []) + args.variants:
+        blocks["on, " + setting] = comet_block(pb2, text_format, shared + [setting])
     variant = "cuda" if args.gpu is not None else None
     model_path = model_file(args.model, variant)
     title = MODELS[args.model][0]
@@ -187,11 +208,7 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         for batch in args.batches:
             net = make_net(pb2, text_format, batch, images, model_path)
-            # mode -> the comet setting it adds to the COMET runs' own ("off": no comet block)
-            extras = {"off": "", "on": ""}
-            for setting in (["async: false"] if args.sync else []) + args.variants:
-                extras["on, " + setting] = f"  {setting}\n"
-            modes = list(extras)
+            modes = ["off"] + list(blocks)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike
                 for comet in modes:
@@ -199,14 +216,7 @@ def main() -> int:
                     name = f"{args.model}_b{batch}_{tag}"
                     name += f"_{rep + 1}" if args.repeat > 1 else ""
                     t0 = time.time()
-                    block = None
-                    if comet != "off":
-                        extra = ""
-                        if args.pool_headroom is not None:
-                            extra += f"  memory_pool_headroom: {args.pool_headroom}\n"
-                        extra += "".join(f"  {setting}\n" for setting in args.settings)
-                        extra += extras[comet]
-                        block = COMET_BLOCK.replace("}", extra + "}")
+                    block = blocks.get(comet)  # None: COMET off
                     text, rss, cpu = run(caffe, work, name, net, block, args.warmup + args.iters, args.gpu)
                     times = iteration_times(text)[args.warmup - 1 if args.warmup else 0:]
                     fig = comet_figures(work, name)

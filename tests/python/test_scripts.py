@@ -44,6 +44,26 @@ def test_bench_uses_the_last_total_row(tmp_path):
     assert bench_memory.comet_figures(tmp_path, "n")["ratio"] == 13.1
 
 
+@pytest.mark.skipif(not WF_BUILT, reason="the Caffe build is absent: run `cometctl build` first")
+def test_bench_settings_replace_the_blocks_own_fields_and_unknown_ones_stop_it():
+    """--also "error_bound: 0.01" used to add a second error_bound to the block, which caffe refused
+    ("Non-repeated field ... specified multiple times") after the COMET-off run had taken its time."""
+    from google.protobuf import text_format
+
+    from cometctl.caffeproto import caffe_pb2
+
+    pb2 = caffe_pb2()
+    block = bench_memory.comet_block(pb2, text_format, ["error_bound: 0.01", "async: false"])
+    solver = pb2.SolverParameter()
+    text_format.Parse(block, solver)  # strict, as caffe reads it: each field once
+    assert solver.comet.error_bound == pytest.approx(0.01)
+    assert getattr(solver.comet, "async") is False
+    assert solver.comet.adaptive_target == pytest.approx(0.05)  # the block's own, kept
+    assert solver.comet.eb_mode == pb2.CometParameter.ADAPTIVE
+    with pytest.raises(SystemExit, match="'no_such_field: 1' is not a comet"):
+        bench_memory.comet_block(pb2, text_format, ["no_such_field: 1"])
+
+
 def test_scripts_explain_themselves():
     for script in ("bench_memory.py", "grad_error.py"):
         out = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--help"],
