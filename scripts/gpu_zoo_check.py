@@ -165,8 +165,10 @@ def solver_text(net: Path, prefix: Path, base_lr: str, steps: int, device: str, 
             f"display: 1\nmax_iter: {steps}\n{snap}snapshot_prefix: \"{prefix}\"\nrandom_seed: {SEED}\n"
             f"solver_mode: {mode}\n")
     if comet is not None:
-        # on the CPU, OpenBLAS's own products: the store's tiles round differently (zoo_check's reason)
-        text += f"comet {{ {comet}{' tiled_gemm: false' if device == 'cpu' else ''} }}\n"
+        # on the CPU, OpenBLAS's own products: the store's tiles round differently (zoo_check's
+        # reason), unless --comet says otherwise (a field twice is a parse error in caffe)
+        tiles = " tiled_gemm: false" if device == "cpu" and "tiled_gemm" not in comet else ""
+        text += f"comet {{ {comet}{tiles} }}\n"
     return text
 
 

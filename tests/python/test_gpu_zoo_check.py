@@ -142,3 +142,15 @@ def test_a_store_that_stores_nothing_fails(exported, tmp_path):
     assert p.returncode == 1, p.stdout
     assert "stored: no 'COMET total' line in COMET on's log" in p.stdout, p.stdout
     assert "step 1 error at most 0.00e+00" in p.stdout, p.stdout
+
+
+def test_solver_text_adds_tiled_gemm_off_on_the_cpu_only_when_comet_does_not_set_it(tmp_path):
+    def comet_line(device, comet):
+        text = gpu_zoo_check.solver_text(tmp_path / "n.prototxt", tmp_path / "p", "0.01", 5, device, comet)
+        return [line for line in text.splitlines() if line.startswith("comet {")]
+
+    assert comet_line("cpu", "eb_mode: FIXED") == ["comet { eb_mode: FIXED tiled_gemm: false }"]
+    assert comet_line("gpu", "eb_mode: FIXED") == ["comet { eb_mode: FIXED }"]
+    # a field twice is a parse error in caffe: --comet's own setting is the only one
+    assert comet_line("cpu", "tiled_gemm: true") == ["comet { tiled_gemm: true }"]
+    assert comet_line("cpu", None) == []
