@@ -27,7 +27,8 @@ the step), so the table shows what taking COMET's work off the critical path gai
 report their codec time per iteration (encode + decode, wherever it ran) and the part of it the
 step waited for (the store's CSV: encode_ms, decode_ms, wait_ms). --also "FIELD: VALUE" adds one
 more COMET run per repetition with that comet { } setting on top, in a row of its own (repeatable);
---set changes every COMET run.
+--set changes every COMET run. The COMET runs' block is eb_mode: ADAPTIVE, error_bound: 1e-3,
+adaptive_target: 0.05, update_interval: 200; a setting of one of those fields replaces its value.
 """
 
 from __future__ import annotations
