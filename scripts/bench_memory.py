@@ -49,22 +49,18 @@ sys.path.insert(0, str(ROOT))
 
 from cometctl import cometstats, paths, plan  # noqa: E402
 
-COMET_BLOCK = """comet {
-  eb_mode: ADAPTIVE
-  error_bound: 1e-3
-  adaptive_target: 0.05
-  update_interval: 200
-}
-"""
+# the COMET runs' comet { } block, before --set and --also
+COMET_SETTINGS = "eb_mode: ADAPTIVE error_bound: 1e-3 adaptive_target: 0.05 update_interval: 200"
 
 
 def comet_block(pb2, text_format, settings: list[str]) -> str:
-    """COMET_BLOCK with `settings` ("FIELD: VALUE") on top, in order: a setting of a field the block
-    already has replaces its value (text_format.Merge keeps the last value of a non-repeated field;
-    the same field twice in a prototxt is a parse error in caffe), one of a repeated field adds to it.
-    A setting comet { } does not parse ends the benchmark before any run, naming it."""
+    """The comet { } block of COMET_SETTINGS with `settings` ("FIELD: VALUE") on top, in order: a
+    setting of a field the block already has replaces its value (text_format.Merge keeps the last
+    value of a non-repeated field; the same field twice in a prototxt is a parse error in caffe),
+    one of a repeated field adds to it. A setting comet { } does not parse ends the benchmark
+    before any run, naming it."""
     param = pb2.CometParameter()
-    text_format.Merge(COMET_BLOCK.strip()[len("comet {"):-1], param)
+    text_format.Merge(COMET_SETTINGS, param)
     for setting in settings:
         try:
             text_format.Merge(setting, param)
