@@ -27,8 +27,11 @@ the step), so the table shows what taking COMET's work off the critical path gai
 report their codec time per iteration (encode + decode, wherever it ran) and the part of it the
 step waited for (the store's CSV: encode_ms, decode_ms, wait_ms). --also "FIELD: VALUE" adds one
 more COMET run per repetition with that comet { } setting on top, in a row of its own (repeatable);
---set changes every COMET run. The COMET runs' block is eb_mode: ADAPTIVE, error_bound: 1e-3,
-adaptive_target: 0.05, update_interval: 200; a setting of one of those fields replaces its value.
+--set changes every COMET run. The COMET runs' block, before those, is
+
+    comet { {COMET_SETTINGS} }
+
+and a setting of one of its fields replaces that field's value.
 """
 
 from __future__ import annotations
@@ -160,7 +163,7 @@ def mb(x: float) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.replace("{COMET_SETTINGS}", COMET_SETTINGS), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODELS), default="caffenet",
                     help="the net to train (default: caffenet)")
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])

@@ -69,6 +69,8 @@ def test_scripts_explain_themselves():
         out = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--help"],
                              capture_output=True, text=True, check=True).stdout
         assert "COMET off" in out and "--batch" in out, script
+        if script == "bench_memory.py":  # the block the COMET runs start from, as the code has it
+            assert f"comet {{ {bench_memory.COMET_SETTINGS} }}" in out
 
 
 def test_error_correlation_explains_itself():
