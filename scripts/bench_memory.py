@@ -20,7 +20,7 @@ storage (COMET runs), seconds per iteration after warm-up (wall clock, median), 
     scripts/bench_memory [--model caffenet|resnet|googlenet] [--batches 64 256] [--iters 3]
                          [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
                          [--sync] [--also "FIELD: VALUE"] [--set "FIELD: VALUE"] [--gpu 0]
-                         [--markdown out.md]
+                         [--freeze-before LAYER] [--markdown out.md]
 
 --sync adds a third run per repetition, COMET with `async: false` (every encode and decode inside
 the step), so the table shows what taking COMET's work off the critical path gains. COMET runs
@@ -97,7 +97,34 @@ def model_file(model: str, variant: str | None) -> Path:
     return paths.pycaffe_dir(variant).parent / rel
 
 
-def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path) -> str:
+def param_blobs(layer) -> int:
+    """How many learnable blobs Caffe gives a layer of this kind (its LayerSetUp), for --freeze-before."""
+    t = layer.type
+    if t in ("Convolution", "Deconvolution"):
+        return 1 + layer.convolution_param.bias_term
+    if t == "InnerProduct":
+        return 1 + layer.inner_product_param.bias_term
+    if t == "Embed":
+        return 1 + layer.embed_param.bias_term
+    if t == "Scale":  # with a second bottom the factors come from it
+        return (len(layer.bottom) == 1) + layer.scale_param.bias_term
+    return {"BatchNorm": 3, "Bias": 1, "PReLU": 1}.get(t, 0)
+
+
+def freeze_before(layers: list, name: str) -> None:
+    """Fine-tuning's freeze: every layer before `name` (in the net's order) learns nothing, lr_mult 0 on
+    each of its params (BatchNorm's three too: Net counts a missing ParamSpec as lr_mult 1)."""
+    names = [layer.name for layer in layers]
+    if name not in names:
+        raise SystemExit(f"bench_memory: --freeze-before {name}: no such layer in the TRAIN net; its layers: "
+                         + " ".join(names))
+    for layer in layers[:names.index(name)]:
+        for i in range(param_blobs(layer)):
+            (layer.param[i] if i < len(layer.param) else layer.param.add()).lr_mult = 0
+
+
+def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path,
+             frozen_before: str | None = None) -> str:
     net = pb2.NetParameter()
     text_format.Merge(model_path.read_text(), net)
     layers = []
@@ -120,6 +147,8 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
             p.data_filler.add(type="uniform", min=0, max=119)
             layer = dummy
         layers.append(layer)
+    if frozen_before:
+        freeze_before(layers, frozen_before)
     del net.layer[:]
     net.layer.extend(layers)
     return text_format.MessageToString(net)
@@ -183,6 +212,8 @@ def main() -> int:
     ap.add_argument("--also", dest="variants", action="append", default=[], metavar='"FIELD: VALUE"',
                     help='one more COMET run per repetition with this setting on top, in its own row, '
                          'e.g. --also "tiled_gemm: false" (repeatable; --sync is --also "async: false")')
+    ap.add_argument("--freeze-before", metavar="LAYER", default=None,
+                    help="fine-tuning: every layer before LAYER frozen (lr_mult 0), LAYER and the rest learn")
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     ap.add_argument("--keep", type=Path, default=None, help="keep prototxts and logs in this folder")
     args = ap.parse_args()
@@ -200,14 +231,14 @@ def main() -> int:
         blocks["on, " + setting] = comet_block(pb2, text_format, shared + [setting])
     variant = "cuda" if args.gpu is not None else None
     model_path = model_file(args.model, variant)
-    title = MODELS[args.model][0]
+    title = MODELS[args.model][0] + (f" (layers before {args.freeze_before} frozen)" if args.freeze_before else "")
     images = make_images(Path(sys.executable).parent / "cometctl") if args.data == "images" else None
     rows = []
     with tempfile.TemporaryDirectory(prefix="comet-bench-") as tmp:
         work = args.keep.resolve() if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for batch in args.batches:
-            net = make_net(pb2, text_format, batch, images, model_path)
+            net = make_net(pb2, text_format, batch, images, model_path, args.freeze_before)
             modes = ["off"] + list(blocks)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike
@@ -255,6 +286,7 @@ def main() -> int:
            + (f" --repeat {args.repeat}" if args.repeat > 1 else "")
            + (" --sync" if args.sync else "")
            + (f" --pool-headroom {args.pool_headroom}" if args.pool_headroom is not None else "")
+           + (f" --freeze-before {args.freeze_before}" if args.freeze_before else "")
            + "".join(f' --set "{setting}"' for setting in args.settings)
            + "".join(f' --also "{setting}"' for setting in args.variants)
            + (f" --gpu {args.gpu}" if args.gpu is not None else "") + "`",

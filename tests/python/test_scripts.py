@@ -159,3 +159,32 @@ def test_quickstart_runs_again_and_keeps_the_earlier_run(tmp_path):
     assert "earlier quickstart run is now in runs/" + kept[0] in r.stdout
     assert (tmp_path / "runs" / "quickstart" / "caffe.log").exists()
     assert (tmp_path / "calls.log").read_text().count("cometctl train") == 2
+
+
+@pytest.mark.skipif(not WF_BUILT, reason="the Caffe build is absent: run `cometctl build` first")
+def test_bench_freeze_before_gives_every_earlier_param_lr_mult_0_and_the_rest_theirs():
+    """--freeze-before: the fine-tuning case, where the store frees the frozen layers' buffers too. A
+    BatchNorm without ParamSpecs learns in Caffe's Net (lr_mult 1 assumed), so it gets all three."""
+    from google.protobuf import text_format
+
+    from cometctl.caffeproto import caffe_pb2
+
+    pb2 = caffe_pb2()
+    model = ROOT / "models" / "resnet18_dogs" / "train_val.prototxt"
+    net = pb2.NetParameter()
+    text_format.Merge(bench_memory.make_net(pb2, text_format, 2, None, model, "res4a_branch2a"), net)
+    names = [layer.name for layer in net.layer]
+    cut = names.index("res4a_branch2a")
+    learnable = 0
+    for i, layer in enumerate(net.layer):
+        n = bench_memory.param_blobs(layer)
+        learnable += n > 0
+        if i < cut:
+            assert len(layer.param) >= n and all(p.lr_mult == 0 for p in layer.param[:n]), layer.name
+        else:
+            assert not layer.param or any(p.lr_mult > 0 for p in layer.param), layer.name
+    assert [bench_memory.param_blobs(net.layer[names.index(n)]) for n in ("conv1", "bn_conv1", "scale_conv1")] \
+        == [1, 3, 2]  # conv1 without bias, BatchNorm, Scale with bias
+    assert learnable > 40
+    with pytest.raises(SystemExit, match="no such layer"):
+        bench_memory.make_net(pb2, text_format, 2, None, model, "res9")
