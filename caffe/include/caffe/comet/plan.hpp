@@ -27,14 +27,19 @@ struct CometActions {
 
 struct CometPlanEntry : public CometActions {
   CometPlanEntry()
-      : layer(-1), source(-1), action(KEEP), signs(false), last_forward(-1), last_backward(-1),
-        rebuild_from(-1), rebuild_scale(-1), rebuild_relu(-1), rebuilds(-1) {}
+      : layer(-1), source(-1), action(KEEP), buffer(KEEP), signs(false), last_forward(-1),
+        last_backward(-1), rebuild_from(-1), rebuild_scale(-1), rebuild_relu(-1), rebuilds(-1) {}
   std::string name;            // what the log calls it: the reading layer(s)
   std::string blob;            // first blob name, or "<layer> argmax|mask|scale"
   std::vector<int> blob_ids;   // empty for a layer-private buffer
   int layer;                   // the layer owning a private buffer, else -1
   int source;                  // REBUILD of Scale's copy: the BatchNorm layer it copied, else -1
   Action action;
+  // A private buffer: which one, named by the action that stores it when its layer runs backward
+  // (ARGMAX, BINARY: Dropout's mask, RECOMPUTE: LRN's scale, REBUILD: BatchNorm's temp_ or
+  // Scale's copy, KEEP or LOSSY: BatchNorm's x_norm_). `action` is the same, but RELEASE for a
+  // layer that runs no backward: nobody reads its buffers after its forward.
+  Action buffer;
   bool signs;                  // LOSSY read by ReLU too: a sign mask is stored alongside
   int last_forward;            // compress/release after this layer's forward
   int last_backward;           // free again after this layer's backward (-1: none)

@@ -247,10 +247,14 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     }
   }
 
-  // Layer-private buffers that only the layer's own backward reads.
+  // Layer-private buffers that only the layer's own backward reads. A layer that runs no
+  // backward (frozen: below every learning layer, or behind propagate_down: false) reads them in
+  // its forward only, and they are freed after it (with release_unused), as its blobs are; without
+  // this a net fine-tuned with its lower layers frozen kept them all, dense, through the step.
   plan.private_of_layer.assign(L, std::vector<int>());
   for (int i = 0; i < L && param.layer_buffers(); ++i) {
-    if (!net.layer_need_backward()[i]) continue;
+    const bool runs_backward = net.layer_need_backward()[i];
+    if (!runs_backward && !param.release_unused()) continue;
     CometPlanEntry e;
     e.layer = i;
     e.name = net.layer_names()[i];
@@ -268,20 +272,30 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
           const std::vector<int>& tops = net.top_ids(j);
           if (std::find(tops.begin(), tops.end(), b) != tops.end()) writer = j;
         }
-        if (writer < 0 || plan.facts[writer].private_buffer != CometLayerFacts::BN_TEMP) continue;
         e.action = CometActions::REBUILD;
-        e.source = writer;
         e.blob = e.name + " copy";
+        if (!runs_backward) break;  // freed after its forward, whoever wrote its input
+        if (writer < 0 || plan.facts[writer].private_buffer != CometLayerFacts::BN_TEMP) continue;
+        e.source = writer;
         break;
       }
       default: continue;
     }
-    e.last_forward = e.last_backward = i;
+    e.buffer = e.action;
+    if (!runs_backward) e.action = CometActions::RELEASE;
+    e.last_forward = i;
+    e.last_backward = runs_backward ? i : -1;
     plan.private_of_layer[i].push_back(plan.entries.size());
     plan.after_forward[i].push_back(plan.entries.size());
-    plan.after_backward[i].push_back(plan.entries.size());
+    if (runs_backward) plan.after_backward[i].push_back(plan.entries.size());
     plan.entries.push_back(e);
-    if (plan.facts[i].private_buffer == CometLayerFacts::BN_TEMP) {
+    if (plan.facts[i].private_buffer == CometLayerFacts::BN_TEMP && !runs_backward) {
+      e.blob = e.name + " x_norm";
+      e.buffer = CometActions::KEEP;  // RELEASE still
+      plan.private_of_layer[i].push_back(plan.entries.size());
+      plan.after_forward[i].push_back(plan.entries.size());
+      plan.entries.push_back(e);
+    } else if (plan.facts[i].private_buffer == CometLayerFacts::BN_TEMP) {
       // BatchNorm's x_norm_, a copy of its output that its backward reads (and an in-place Scale
       // after it, through the copy rebuilt from it): lossy at the tighter of BatchNorm's own bound
       // and that Scale's; else kept dense, listed so that the layer-buffer figures count it.
@@ -297,6 +311,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
       } else {
         e.action = CometActions::KEEP;
       }
+      e.buffer = e.action;
       plan.private_of_layer[i].push_back(plan.entries.size());
       plan.after_forward[i].push_back(plan.entries.size());
       plan.entries.push_back(e);

@@ -26,18 +26,18 @@ namespace caffe {
 
 namespace {
 
-// The private buffer of `layer` that an entry of this action stores (CometStore::PrivateBuffer).
+// The private buffer of `layer` that an entry's `buffer` names (CometStore::PrivateBuffer).
 template <typename Dtype>
-SyncedMemory* PrivateBufferOf(Layer<Dtype>* layer, CometActions::Action action) {
-  switch (action) {
+SyncedMemory* PrivateBufferOf(Layer<Dtype>* layer, CometActions::Action buffer) {
+  switch (buffer) {
     case CometActions::ARGMAX: return CometLayerAccess<Dtype>::argmax(layer)->data().get();
     case CometActions::BINARY: return CometLayerAccess<Dtype>::dropout_mask(layer)->data().get();
     case CometActions::RECOMPUTE: return CometLayerAccess<Dtype>::lrn_scale(layer)->data().get();
     case CometActions::REBUILD: return CometLayerAccess<Dtype>::rebuildable(layer)->data().get();
     case CometActions::KEEP:
     case CometActions::LOSSY: return CometLayerAccess<Dtype>::bn_x_norm(layer)->data().get();
-    default: LOG(FATAL) << "COMET: " << CometActions::ActionName(action)
-                        << " is not an action of a layer's private buffer";
+    default: LOG(FATAL) << "COMET: " << CometActions::ActionName(buffer)
+                        << " names no private buffer of a layer";
   }
   return NULL;
 }
@@ -68,7 +68,7 @@ template <typename Dtype>
 struct CometStore<Dtype>::Orphan {
   Net<Dtype>* net;
   std::vector<std::vector<int> > tops_written;     // layer -> blob ids (plan_.tops_written)
-  std::vector<std::vector<Action> > private_buffers;  // layer -> its stored buffers' actions
+  std::vector<std::vector<Action> > private_buffers;  // layer -> its stored buffers (`buffer`)
 
   void BeforeForward(int layer) const {
     const std::vector<int>& ids = tops_written[layer];
@@ -129,7 +129,7 @@ void CometStore<Dtype>::LeaveNet() {
   for (int layer = 0; layer < plan_.private_of_layer.size(); ++layer) {
     for (int k = 0; k < plan_.private_of_layer[layer].size(); ++k) {
       const Entry& e = entries_[plan_.private_of_layer[layer][k]];
-      orphan->private_buffers[layer].push_back(e.action);
+      orphan->private_buffers[layer].push_back(e.buffer);
       SyncedMemory* mem = PrivateBuffer(e);
       if ((e.action == RECOMPUTE || e.action == REBUILD) && !mem->comet_payload() &&
           mem->head() == SyncedMemory::UNINITIALIZED)
@@ -855,7 +855,7 @@ void CometStore<Dtype>::DropFillMarkers(int layer, bool diff) {
 
 template <typename Dtype>
 SyncedMemory* CometStore<Dtype>::PrivateBuffer(const Entry& e) const {
-  return PrivateBufferOf(net_->layers()[e.layer].get(), e.action);
+  return PrivateBufferOf(net_->layers()[e.layer].get(), e.buffer);
 }
 
 template <typename Dtype>
@@ -874,12 +874,17 @@ void CometStore<Dtype>::Hold(Entry* e, SyncedMemory* mem, const shared_ptr<Comet
   e->stored_bytes += p->stored_bytes();
 }
 
-// After the owning layer's forward: argmax and Dropout mask as packed codes, LRN's scale freed.
+// After the owning layer's forward: argmax and Dropout mask as packed codes, LRN's scale freed;
+// every buffer of a layer that runs no backward freed.
 template <typename Dtype>
 void CometStore<Dtype>::StorePrivate(Entry* e) {
   SyncedMemory* mem = PrivateBuffer(*e);
   if (!mem->comet_can_release() || mem->comet_payload() ||
       mem->head() == SyncedMemory::UNINITIALIZED) {
+    return;
+  }
+  if (e->action == RELEASE) {  // its layer runs no backward; its next forward writes it again
+    CometMarkReleased(mem, EntryWhat(*e));
     return;
   }
   if (e->action == KEEP) {  // counted, not touched

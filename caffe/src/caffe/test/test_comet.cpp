@@ -1970,6 +1970,101 @@ class CometStoreTest : public ::testing::Test {
     EXPECT_EQ(MaxAbsDiff(first.data(), w->cpu_diff(), w->count()), 0.f);
   }
 
+  // Fine-tuning with the lower layers frozen (lr_mult 0, the input needs no gradient): those
+  // layers run no backward, and their private buffers (BatchNorm's temp_ and x_norm_, an
+  // in-place Scale's copy, max pooling's argmax, LRN's scale, Dropout's mask) are read by their
+  // forward only. The store frees each after its layer's forward (release_unused), where it used
+  // to keep them dense through the step; training is bit for bit that of COMET off, a read of
+  // one fails loudly, and release_unused: false keeps them.
+  void CheckFrozenLayersBuffers() {
+    const std::string frozen2 = " param { lr_mult: 0 } param { lr_mult: 0 } ";
+    const std::string net =
+        "name: 'frozen' "
+        "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+        "  dummy_data_param { shape { dim: 4 dim: 3 dim: 15 dim: 15 } shape { dim: 4 } "
+        "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 2 } } } "
+        "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' " + frozen2 +
+        "  convolution_param { num_output: 6 kernel_size: 3 engine: CAFFE "
+        "    weight_filler { type: 'gaussian' std: 0.2 } bias_filler { type: 'constant' value: 0.1 } } } "
+        "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' "
+        "  param { lr_mult: 0 } param { lr_mult: 0 } param { lr_mult: 0 } } "
+        "layer { name: 'sc1' type: 'Scale' bottom: 'conv1' top: 'conv1' " + frozen2 +
+        "  scale_param { bias_term: true filler { type: 'constant' value: 1.5 } } } "
+        "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' relu_param { engine: CAFFE } } "
+        "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+        "  pooling_param { pool: MAX kernel_size: 3 stride: 2 engine: CAFFE } } "
+        "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' "
+        "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 engine: CAFFE } } "
+        "layer { name: 'drop1' type: 'Dropout' bottom: 'norm1' top: 'norm1' "
+        "  dropout_param { dropout_ratio: 0.5 } } "
+        "layer { name: 'ip1' type: 'InnerProduct' bottom: 'norm1' top: 'ip1' "
+        "  inner_product_param { num_output: 16 weight_filler { type: 'gaussian' std: 0.1 } } } "
+        "layer { name: 'relu2' type: 'ReLU' bottom: 'ip1' top: 'ip1' relu_param { engine: CAFFE } } "
+        "layer { name: 'ip2' type: 'InnerProduct' bottom: 'ip1' top: 'ip2' "
+        "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip2' bottom: 'label' top: 'loss' } ";
+    const char* comet[] = {"", "comet { compress_type: 'None' }",
+                           "comet { compress_type: 'None' release_unused: false }"};
+    shared_ptr<Solver<float> > solvers[3];
+    for (int k = 0; k < 3; ++k) {
+      solvers[k] = SolverFor(net, comet[k]);
+      Run(solvers[k].get(), 5);
+    }
+    const std::vector<float> off = Params(solvers[0].get());
+    for (int k = 1; k < 3; ++k) {
+      const std::vector<float> on = Params(solvers[k].get());
+      ASSERT_EQ(off.size(), on.size());
+      for (int i = 0; i < off.size(); ++i) ASSERT_EQ(off[i], on[i]) << comet[k] << ", param value " << i;
+    }
+    typedef CometLayerAccess<float> Access;
+    const char* buffers[] = {"bn1 temp", "bn1 x_norm", "sc1 copy", "pool1 argmax", "norm1 scale",
+                             "drop1 mask"};
+    const CometActions::Action named_by[] = {CometActions::REBUILD, CometActions::KEEP,
+                                             CometActions::REBUILD, CometActions::ARGMAX,
+                                             CometActions::RECOMPUTE, CometActions::BINARY};
+    const auto memory_of = [](int b, Layer<float>* l) -> SyncedMemory* {
+      switch (b) {
+        case 1: return Access::bn_x_norm(l)->data().get();
+        case 3: return Access::argmax(l)->data().get();
+        case 4: return Access::lrn_scale(l)->data().get();
+        case 5: return Access::dropout_mask(l)->data().get();
+        default: return Access::rebuildable(l)->data().get();
+      }
+    };
+    for (int k = 1; k < 3; ++k) {
+      const bool release = k == 1;
+      CometStore<float>* store = solvers[k]->comet();
+      caffe::Net<float>* n = solvers[k]->net().get();
+      for (int i = 0; i < n->layers().size(); ++i)
+        if (n->layer_names()[i] == "drop1") ASSERT_FALSE(n->layer_need_backward()[i]);
+      std::map<std::string, const CometStore<float>::Entry*> by_blob;
+      for (int e = 0; e < store->entries().size(); ++e)
+        by_blob[store->entries()[e].blob] = &store->entries()[e];
+      n->Forward();
+      for (int b = 0; b < 6; ++b) {
+        const std::string layer = std::string(buffers[b]).substr(0, std::string(buffers[b]).find(' '));
+        Layer<float>* l = n->layer_by_name(layer).get();
+        const CometStore<float>::Entry* e = by_blob.count(buffers[b]) ? by_blob[buffers[b]] : NULL;
+        if (!release) {
+          EXPECT_FALSE(e) << buffers[b] << " is planned with release_unused: false";
+          EXPECT_NE(memory_of(b, l)->head(), SyncedMemory::UNINITIALIZED) << buffers[b];
+          continue;
+        }
+        ASSERT_TRUE(e) << buffers[b] << " is not in the plan";
+        EXPECT_EQ(e->action, CometStore<float>::RELEASE) << buffers[b];
+        EXPECT_EQ(e->last_backward, -1) << buffers[b];
+        EXPECT_EQ(e->buffer, named_by[b]) << buffers[b];
+        SyncedMemory* mem = memory_of(b, l);
+        EXPECT_EQ(mem->head(), SyncedMemory::UNINITIALIZED) << buffers[b] << " is still dense";
+        const std::string what = FatalMessageOf([&]() { mem->cpu_data(); });
+        EXPECT_NE(what.find(buffers[b]), std::string::npos) << what;
+        EXPECT_NE(what.find("freed after its last use"), std::string::npos) << what;
+      }
+      n->Backward();  // the frozen layers run none: nothing reads the freed buffers
+      Run(solvers[k].get(), 1);  // and the next forward writes them afresh
+    }
+  }
+
   // comet { pool_codes }: max pooling's forward writes its argmax as codes and its backward reads
   // them, the int32 argmax never dense. Training is bit for bit that of COMET off and of the store
   // packing the layer's own argmax (pool_codes: false); the tracked peak, which this net reaches
@@ -2488,6 +2583,9 @@ TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
 // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
 TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
 TEST_F(CometStoreTest, MaxPoolingKeepsItsArgmaxAsCodesOnly) { CheckPoolCodes(); }
+TEST_F(CometStoreTest, BuffersOfFrozenLayersAreFreedAfterTheirForward) {
+  CheckFrozenLayersBuffers();
+}
 
 // comet { async }: encodes on the store's worker beside the forward pass, decodes started a
 // backward layer ahead. The work and its inputs are the same as in the step, so training is
@@ -3443,6 +3541,9 @@ TEST_F(CometGPUTest, DeviceStreamsDecodeOnTheHostBitForBit) {
 
 TEST_F(CometGPUTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
 TEST_F(CometGPUTest, MaxPoolingKeepsItsArgmaxAsCodesOnly) { CheckPoolCodes(); }
+TEST_F(CometGPUTest, BuffersOfFrozenLayersAreFreedAfterTheirForward) {
+  CheckFrozenLayersBuffers();
+}
 TEST_F(CometGPUTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
   CheckTheNetOutlivesItsSolver();
 }
