@@ -620,7 +620,8 @@ TOP_SHAPE = re.compile(r"\] Top shape: [\d ]*\((?P<count>\d+)\)$")
 
 def read_log(text: str) -> dict:
     """From a `caffe train` log: the store's plan (blob -> action, in its order), every net blob's element
-    count (Caffe's `Top shape` lines), the data layers' tops and the pool's cached bytes."""
+    count (Caffe's `Top shape` lines), each private buffer's (its layer's first top's) and the pool's
+    cached bytes."""
     plan: list[tuple[str, str]] = []
     counts: dict[str, int] = {}
     tops: dict[str, list[str]] = {}
@@ -655,13 +656,17 @@ def read_log(text: str) -> dict:
             if index < len(names):
                 counts.setdefault(names[index], int(m["count"]))
             index += 1
+    # a layer's private buffer ("pool1 argmax", "bn1 x_norm") has as many 4-byte values as its first top
+    buffer_counts = {f"{layer} {kind}": counts[names[0]]
+                     for layer, names in tops.items() if names and names[0] in counts
+                     for kind in ("argmax", "mask", "scale", "temp", "x_norm", "copy")}
     cached = re.findall(r"\bCOMET memory pool: .*cached (\S+ \wB)", text)
     pool = None
     if cached:
         from .caffelog import parse_comet_items
 
         pool = parse_comet_items(cached[-1]).get("mem_mb", 0.0) * 2**20
-    return {"plan": plan, "counts": counts, "pool_cached": pool}
+    return {"plan": plan, "counts": counts, "buffer_counts": buffer_counts, "pool_cached": pool}
 
 
 @dataclass
@@ -761,6 +766,8 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
             elif blob in info["counts"]:  # a net blob the store keeps or frees: its Top shape, as floats
                 dense = 4.0 * info["counts"][blob]
                 stored = dense if action == "keep" else 0.0
+            elif action == "release" and blob in info["buffer_counts"]:  # a frozen layer's buffer, freed
+                dense, stored = 4.0 * info["buffer_counts"][blob], 0.0
             else:  # a layer's private buffer the store reports no bytes for
                 dense = stored = None
             blobs.append({"blob": blob, "layer": r["layer"] if r else "", "action": r["kind"] if r else action,

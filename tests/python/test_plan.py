@@ -38,6 +38,25 @@ def _solver_with_net(tmp_path: Path, net_text: str, name="net") -> Path:
 
 # ------------------------------------------------------------------------------- without caffe
 
+def test_the_log_gives_a_frozen_layers_freed_buffers_their_size():
+    """A frozen layer's private buffers are freed after its forward ("release"): the store reports no bytes
+    for them, so their size comes from the layer's top, which each of them matches value for value."""
+    log = "\n".join([
+        "I1206 00:10:48.154937 17339 net.cpp:86] Creating Layer bn_conv1",
+        "I1206 00:10:48.154940 17339 net.cpp:408] bn_conv1 <- conv1",
+        "I1206 00:10:48.154942 17339 net.cpp:369] bn_conv1 -> conv1 (in-place)",
+        "I1206 00:10:48.154961 17339 net.cpp:124] Setting up bn_conv1",
+        "I1206 00:10:48.154963 17339 net.cpp:131] Top shape: 32 64 56 56 (6422528)",
+        "I1206 00:10:48.240861 17339 store.cpp:342] COMET plan: blob bn_conv1 temp -> release after bn_conv1 forward",
+        "I1206 00:10:48.240863 17339 store.cpp:342] COMET plan: blob bn_conv1 x_norm -> release after bn_conv1 forward",
+        "I1206 00:10:48.240864 17339 store.cpp:342] COMET plan: blob pool9 argmax -> release after pool9 forward",
+    ])
+    info = P.read_log(log)
+    assert info["plan"] == [("bn_conv1 temp", "release"), ("bn_conv1 x_norm", "release"), ("pool9 argmax", "release")]
+    assert info["buffer_counts"]["bn_conv1 x_norm"] == 6422528
+    assert "pool9 argmax" not in info["buffer_counts"]  # no Top shape seen: no size, rather than a wrong one
+
+
 def test_sizes_read_as_people_write_them():
     assert P.parse_size("8GiB") == P.parse_size("8G") == P.parse_size("8 gib") == 8 * 2**30
     assert P.parse_size("4096MiB") == 4 * 2**30
