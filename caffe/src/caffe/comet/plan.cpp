@@ -141,6 +141,26 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
                          "): no COMET fact row for its class; its blobs stay dense");
   }
 
+  // Fine-tuning's trap: Net decides whether a layer runs a backward from the prototxt's
+  // ParamSpecs, and counts a missing one as lr_mult 1, while BatchNorm gives its three
+  // statistics lr_mult 0 only in its own copy. Behind frozen layers such a BatchNorm runs a
+  // backward for nothing, and so does every layer after it: their blobs are kept for it.
+  for (int i = 0; i < L; ++i) {
+    const Layer<Dtype>& layer = *net.layers()[i];
+    if (layer.type() != std::string("BatchNorm") || !net.layer_need_backward()[i]) continue;
+    bool learns = false;
+    for (int k = 0; k < net.bottom_need_backward()[i].size(); ++k)
+      learns = learns || net.bottom_need_backward()[i][k];
+    for (int k = 0; k < layer.layer_param().param_size(); ++k)
+      learns = learns || layer.layer_param().param(k).lr_mult() != 0;
+    if (learns) continue;
+    plan.notes.push_back("layer " + net.layer_names()[i] + " (BatchNorm) runs a backward although "
+                         "nothing below it learns: Net counts its statistics as learnable (lr_mult "
+                         "1) without `param { lr_mult: 0 }` lines in the prototxt, one for each of "
+                         "the three, and every layer after it runs a backward too; give it the "
+                         "three lines to freeze it");
+  }
+
   int G = 0, GD = 0;
   plan.data_group = MemoryGroups(net, plan.facts, false, data_aliases, &G);
   plan.diff_group = MemoryGroups(net, plan.facts, true, diff_aliases, &GD);

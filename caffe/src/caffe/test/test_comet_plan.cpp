@@ -1,5 +1,6 @@
 // COMET-Caffe: the plan as a pure function of a built net (comet/plan.cpp), on branching nets:
 // Split, Slice, Concat, Eltwise shortcuts, BatchNorm/Scale in place, labels read by losses.
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -250,6 +251,58 @@ TEST_F(CometPlanTest, DiffsNobodyWritesAreNotFreed) {
   }
   EXPECT_FALSE(acc_split) << "the diff feeding Accuracy holds zeros the Split reads";
   EXPECT_TRUE(conv1) << "conv1's diff is written by ip's backward and freed after conv1's";
+}
+
+// Frozen layers (lr_mult 0, an input without gradient) run no backward: their blobs and private
+// buffers are freed after their forward. A BatchNorm after them without ParamSpecs runs one all
+// the same (Net counts its statistics as learnable): the plan says so and how to freeze it.
+TEST_F(CometPlanTest, FrozenLayersFreeTheirBuffersAndAnUnfrozenBatchNormIsNamed) {
+  const std::string frozen = "param { lr_mult: 0 } param { lr_mult: 0 } ";
+  const std::string head =
+      "layer { name: 'pool' type: 'Pooling' bottom: 'conv1' top: 'pool' pooling_param { "
+      "pool: MAX kernel_size: 2 stride: 2 } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
+      "num_output: 3" + std::string(kFill) + "} } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const std::string conv1 =
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' " + frozen +
+      "convolution_param { num_output: 4 kernel_size: 3 pad: 1" + kFill + "} } ";
+  const std::string bn = "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' ";
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + conv1 + bn +
+        "param { lr_mult: 0 } param { lr_mult: 0 } param { lr_mult: 0 } } " + head);
+  EXPECT_TRUE(plan_.notes.empty()) << plan_.notes[0];
+  EXPECT_EQ(ActionOf("conv1"), CometActions::RELEASE) << "nothing below ip runs a backward";
+  std::map<std::string, const CometPlanEntry*> buffers;
+  for (int e = 0; e < plan_.entries.size(); ++e)
+    if (plan_.entries[e].layer >= 0) buffers[plan_.entries[e].blob] = &plan_.entries[e];
+  const char* names[] = {"bn1 temp", "bn1 x_norm", "pool argmax"};
+  const CometActions::Action which[] = {CometActions::REBUILD, CometActions::KEEP,
+                                        CometActions::ARGMAX};
+  for (int b = 0; b < 3; ++b) {
+    ASSERT_TRUE(buffers.count(names[b])) << names[b];
+    const CometPlanEntry& e = *buffers[names[b]];
+    EXPECT_EQ(e.action, CometActions::RELEASE) << names[b];
+    EXPECT_EQ(e.buffer, which[b]) << names[b];
+    EXPECT_EQ(e.last_forward, Layer(names[b] == std::string("pool argmax") ? "pool" : "bn1"));
+    EXPECT_EQ(e.last_backward, -1) << names[b];
+    for (int i = 0; i < plan_.after_backward.size(); ++i)
+      for (int k = 0; k < plan_.after_backward[i].size(); ++k)
+        EXPECT_NE(&plan_.entries[plan_.after_backward[i][k]], &e) << names[b];
+  }
+
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + conv1 + bn + "} " + head);
+  ASSERT_EQ(plan_.notes.size(), 1u);
+  EXPECT_NE(plan_.notes[0].find("layer bn1 (BatchNorm) runs a backward although nothing below"),
+            std::string::npos) << plan_.notes[0];
+  for (int e = 0; e < plan_.entries.size(); ++e) {  // stored for backwards that run for nothing
+    if (plan_.entries[e].blob == "bn1 x_norm") EXPECT_EQ(plan_.entries[e].action, CometActions::LOSSY);
+    if (plan_.entries[e].blob == "pool argmax") EXPECT_EQ(plan_.entries[e].action, CometActions::ARGMAX);
+  }
+
+  // Learning below (conv1 without lr_mult 0): BatchNorm's backward is needed, nothing to say.
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) + bn + "} " +
+        head);
+  EXPECT_TRUE(plan_.notes.empty()) << plan_.notes[0];
 }
 
 }  // namespace caffe
