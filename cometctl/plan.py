@@ -568,14 +568,16 @@ def _mib_values(text: str) -> list[int]:
 
 
 def run_caffe(caffe: Path, solver: Path, log: Path, gpu: int | None = None, cwd: Path | None = None,
-              timeout: float | None = None) -> ChildRun:
-    """Run `caffe train -solver SOLVER` in its own process (stdout and stderr into `log`) and measure its
-    peak resident set size (wait4's ru_maxrss) and CPU time. Ctrl-C or `timeout` kills it."""
+              timeout: float | None = None, weights: Path | None = None) -> ChildRun:
+    """Run `caffe train -solver SOLVER [-weights WEIGHTS]` in its own process (stdout and stderr into `log`)
+    and measure its peak resident set size (wait4's ru_maxrss) and CPU time. Ctrl-C or `timeout` kills it."""
     import sys
 
     cmd = [str(caffe), "train", "-solver", str(solver)]
     if gpu is not None:
         cmd += ["-gpu", str(gpu)]
+    if weights is not None:
+        cmd += ["-weights", str(weights)]
     env = caffe_env(caffe, GLOG_logtostderr="1", GLOG_minloglevel="0")
     figures = Path(str(log) + ".rusage.json")
     figures.unlink(missing_ok=True)

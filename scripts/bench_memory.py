@@ -20,7 +20,7 @@ storage (COMET runs), seconds per iteration after warm-up (wall clock, median), 
     scripts/bench_memory [--model caffenet|resnet|googlenet] [--batches 64 256] [--iters 3]
                          [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
                          [--sync] [--also "FIELD: VALUE"] [--set "FIELD: VALUE"] [--gpu 0]
-                         [--freeze-before LAYER] [--markdown out.md]
+                         [--freeze-before LAYER] [--bn-global-stats] [--markdown out.md]
 
 --sync adds a third run per repetition, COMET with `async: false` (every encode and decode inside
 the step), so the table shows what taking COMET's work off the critical path gains. COMET runs
@@ -124,7 +124,7 @@ def freeze_before(layers: list, name: str) -> None:
 
 
 def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path,
-             frozen_before: str | None = None) -> str:
+             frozen_before: str | None = None, bn_global_stats: bool = False) -> str:
     net = pb2.NetParameter()
     text_format.Merge(model_path.read_text(), net)
     layers = []
@@ -149,22 +149,29 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
         layers.append(layer)
     if frozen_before:
         freeze_before(layers, frozen_before)
+    for layer in layers if bn_global_stats else []:
+        if layer.type == "BatchNorm":
+            layer.batch_norm_param.use_global_stats = True
     del net.layer[:]
     net.layer.extend(layers)
     return text_format.MessageToString(net)
 
 
-def run(caffe: Path, workdir: Path, name: str, net_text: str, comet: str | None, iters: int, gpu):
+def run(caffe: Path, workdir: Path, name: str, net_text: str, comet: str | None, iters: int, gpu,
+        weights: Path | None = None, snapshot: bool = False):
+    """`caffe train` of net_text for `iters` iterations (from `weights`; with `snapshot`, the weights it
+    ends with are left in workdir/NAME_iter_ITERS.caffemodel)."""
     net = workdir / f"{name}.prototxt"
     net.write_text(net_text)
     (workdir / f"{name}_comet.csv").unlink(missing_ok=True)  # the store appends: no earlier run's rows
     solver = workdir / f"{name}_solver.prototxt"
     solver.write_text(
         f'net: "{net}"\nbase_lr: 0.001\nmomentum: 0.9\nweight_decay: 0.0005\nlr_policy: "fixed"\n'
-        f'display: 1\nmax_iter: {iters}\nsnapshot: 0\nsnapshot_after_train: false\nsnapshot_prefix: "{workdir / name}"\n'
+        f'display: 1\nmax_iter: {iters}\nsnapshot: 0\nsnapshot_after_train: {str(snapshot).lower()}\n'
+        f'snapshot_prefix: "{workdir / name}"\n'
         f'solver_mode: {"GPU" if gpu is not None else "CPU"}\nrandom_seed: 1\n'
         + (comet or ""))
-    child = plan.run_caffe(caffe, solver, workdir / f"{name}.log", gpu=gpu, cwd=workdir)
+    child = plan.run_caffe(caffe, solver, workdir / f"{name}.log", gpu=gpu, cwd=workdir, weights=weights)
     text = child.log.read_text(errors="replace")
     if child.rc != 0:
         raise SystemExit(f"{name} failed; log: {child.log}\n" + "\n".join(text.splitlines()[-15:]))
@@ -214,6 +221,9 @@ def main() -> int:
                          'e.g. --also "tiled_gemm: false" (repeatable; --sync is --also "async: false")')
     ap.add_argument("--freeze-before", metavar="LAYER", default=None,
                     help="fine-tuning: every layer before LAYER frozen (lr_mult 0), LAYER and the rest learn")
+    ap.add_argument("--bn-global-stats", action="store_true",
+                    help="fine-tuning with BatchNorm's statistics frozen: use_global_stats: true on every "
+                         "BatchNorm, from weights and statistics of 3 training iterations run first")
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     ap.add_argument("--keep", type=Path, default=None, help="keep prototxts and logs in this folder")
     args = ap.parse_args()
@@ -231,14 +241,22 @@ def main() -> int:
         blocks["on, " + setting] = comet_block(pb2, text_format, shared + [setting])
     variant = "cuda" if args.gpu is not None else None
     model_path = model_file(args.model, variant)
-    title = MODELS[args.model][0] + (f" (layers before {args.freeze_before} frozen)" if args.freeze_before else "")
+    title = MODELS[args.model][0] + (f" (layers before {args.freeze_before} frozen)" if args.freeze_before else "") \
+        + (" (BatchNorm statistics frozen)" if args.bn_global_stats else "")
     images = make_images(Path(sys.executable).parent / "cometctl") if args.data == "images" else None
     rows = []
     with tempfile.TemporaryDirectory(prefix="comet-bench-") as tmp:
         work = args.keep.resolve() if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
+        weights = None
+        if args.bn_global_stats:  # statistics as a fine-tuned net starts from: a few real batches' averages
+            stats = make_net(pb2, text_format, args.batches[0], images, model_path, args.freeze_before)
+            run(caffe, work, "statistics", stats, None, 3, args.gpu, snapshot=True)
+            weights = work / "statistics_iter_3.caffemodel"
+            print(f"BatchNorm statistics of 3 training iterations at batch {args.batches[0]}: {weights.name}",
+                  flush=True)
         for batch in args.batches:
-            net = make_net(pb2, text_format, batch, images, model_path, args.freeze_before)
+            net = make_net(pb2, text_format, batch, images, model_path, args.freeze_before, args.bn_global_stats)
             modes = ["off"] + list(blocks)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike
@@ -248,7 +266,8 @@ def main() -> int:
                     name += f"_{rep + 1}" if args.repeat > 1 else ""
                     t0 = time.time()
                     block = blocks.get(comet)  # None: COMET off
-                    text, rss, cpu = run(caffe, work, name, net, block, args.warmup + args.iters, args.gpu)
+                    text, rss, cpu = run(caffe, work, name, net, block, args.warmup + args.iters, args.gpu,
+                                         weights)
                     times = iteration_times(text)[args.warmup - 1 if args.warmup else 0:]
                     fig = comet_figures(work, name)
                     r = runs[comet]
@@ -287,6 +306,7 @@ def main() -> int:
            + (" --sync" if args.sync else "")
            + (f" --pool-headroom {args.pool_headroom}" if args.pool_headroom is not None else "")
            + (f" --freeze-before {args.freeze_before}" if args.freeze_before else "")
+           + (" --bn-global-stats" if args.bn_global_stats else "")
            + "".join(f' --set "{setting}"' for setting in args.settings)
            + "".join(f' --also "{setting}"' for setting in args.variants)
            + (f" --gpu {args.gpu}" if args.gpu is not None else "") + "`",

@@ -162,7 +162,7 @@ def test_quickstart_runs_again_and_keeps_the_earlier_run(tmp_path):
 
 
 @pytest.mark.skipif(not WF_BUILT, reason="the Caffe build is absent: run `cometctl build` first")
-def test_bench_freeze_before_gives_every_earlier_param_lr_mult_0_and_the_rest_theirs():
+def test_bench_freeze_before_and_bn_global_stats_change_what_they_say():
     """--freeze-before: the fine-tuning case, where the store frees the frozen layers' buffers too. A
     BatchNorm without ParamSpecs learns in Caffe's Net (lr_mult 1 assumed), so it gets all three."""
     from google.protobuf import text_format
@@ -188,3 +188,14 @@ def test_bench_freeze_before_gives_every_earlier_param_lr_mult_0_and_the_rest_th
     assert learnable > 40
     with pytest.raises(SystemExit, match="no such layer"):
         bench_memory.make_net(pb2, text_format, 2, None, model, "res9")
+    # --bn-global-stats: every BatchNorm with its statistics frozen, nothing else changed
+    plain, frozen_stats = pb2.NetParameter(), pb2.NetParameter()
+    text_format.Merge(bench_memory.make_net(pb2, text_format, 2, None, model), plain)
+    text_format.Merge(bench_memory.make_net(pb2, text_format, 2, None, model, bn_global_stats=True), frozen_stats)
+    bns = [layer for layer in frozen_stats.layer if layer.type == "BatchNorm"]
+    assert len(bns) == 20 and all(layer.batch_norm_param.use_global_stats for layer in bns)
+    for layer in frozen_stats.layer:
+        layer.ClearField("batch_norm_param")
+    for layer in plain.layer:
+        layer.ClearField("batch_norm_param")
+    assert frozen_stats == plain

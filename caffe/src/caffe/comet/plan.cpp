@@ -272,6 +272,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
   // its forward only, and they are freed after it (with release_unused), as its blobs are; without
   // this a net fine-tuned with its lower layers frozen kept them all, dense, through the step.
   plan.private_of_layer.assign(L, std::vector<int>());
+  std::vector<int> global_x_norms;  // entries of x_norm_ of BatchNorms with global statistics
   for (int i = 0; i < L && param.layer_buffers(); ++i) {
     const bool runs_backward = net.layer_need_backward()[i];
     if (!runs_backward && !param.release_unused()) continue;
@@ -318,23 +319,43 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     } else if (plan.facts[i].private_buffer == CometLayerFacts::BN_TEMP) {
       // BatchNorm's x_norm_, a copy of its output that its backward reads (and an in-place Scale
       // after it, through the copy rebuilt from it): lossy at the tighter of BatchNorm's own bound
-      // and that Scale's; else kept dense, listed so that the layer-buffer figures count it.
+      // and that Scale's; else kept dense, listed so that the layer-buffer figures count it. With
+      // global statistics, decided below.
       const LayerParameter& lp = net.layers()[i]->layer_param();
       const bool global = lp.batch_norm_param().has_use_global_stats()
                               ? lp.batch_norm_param().use_global_stats()
                               : net.phase() == TEST;
       e.blob = e.name + " x_norm";
+      e.buffer = CometActions::KEEP;
       if (!global && LossyAllowed(lp, lossy_types)) {
         e.action = CometActions::LOSSY;
         e.eb_layers.push_back(BoundOf(&plan, net, param, i, CometPlanBound::BATCHNORM));
         plan.after_backward[i].push_back(plan.entries.size());
       } else {
         e.action = CometActions::KEEP;
+        if (global) global_x_norms.push_back(plan.entries.size());
       }
-      e.buffer = e.action;
       plan.private_of_layer[i].push_back(plan.entries.size());
       plan.after_forward[i].push_back(plan.entries.size());
       plan.entries.push_back(e);
+    }
+  }
+  // With global statistics (use_global_stats: fine-tuning with frozen statistics) BatchNorm's
+  // backward divides by the deviation (temp_) and never reads x_norm_: only an in-place Scale
+  // whose copy is rebuilt from it does, and then it is stored lossy at that Scale's bound (the
+  // join below); with none, nobody reads it after the forward. Kept dense until 2026-12-06.
+  for (int k = 0; k < global_x_norms.size(); ++k) {
+    CometPlanEntry& xn = plan.entries[global_x_norms[k]];
+    bool copied = false;
+    for (int c = 0; c < plan.entries.size(); ++c)
+      copied = copied || (plan.entries[c].action == CometActions::REBUILD &&
+                          plan.entries[c].source == xn.layer);
+    if (copied && LossyAllowed(net.layers()[xn.layer]->layer_param(), lossy_types)) {
+      xn.action = CometActions::LOSSY;
+      plan.after_backward[xn.layer].push_back(global_x_norms[k]);
+    } else if (!copied && param.release_unused()) {
+      xn.action = CometActions::RELEASE;
+      xn.last_backward = -1;
     }
   }
   // A Scale whose copy is rebuilt from a lossy x_norm_ reads it too: its bound joins the entry.
