@@ -2065,6 +2065,74 @@ class CometStoreTest : public ::testing::Test {
     }
   }
 
+  // Fine-tuning with BatchNorm's statistics frozen (use_global_stats: true): BatchNorm's backward
+  // divides by the deviation (temp_, rebuilt) and reads no x_norm_. bn1's x_norm_ is still the
+  // source of in-place sc1's copy: stored lossy at sc1's bound; bn2's, with no Scale after it, is
+  // read by nobody: freed after bn2's forward. Until 2026-12-06 both were kept dense all step.
+  // With nothing lossy training is bit for bit COMET off's; lossy, sc1's gradients stay close.
+  void CheckGlobalStatistics() {
+    const std::string conv = " weight_filler { type: 'gaussian' std: 0.3 } bias_term: false } } ";
+    const std::string global = " batch_norm_param { use_global_stats: true } } ";
+    const std::string net =
+        "name: 'global' "
+        "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+        "  dummy_data_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 } "
+        "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3 } } } "
+        "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
+        "  convolution_param { num_output: 6 kernel_size: 3 pad: 1" + conv +
+        "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1'" + global +
+        "layer { name: 'sc1' type: 'Scale' bottom: 'conv1' top: 'conv1' scale_param { bias_term: true "
+        "  filler { type: 'uniform' min: 0.5 max: 2 } bias_filler { type: 'uniform' min: -1 max: 1 } } } "
+        "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+        "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2' "
+        "  convolution_param { num_output: 5 kernel_size: 3 pad: 1" + conv +
+        "layer { name: 'bn2' type: 'BatchNorm' bottom: 'conv2' top: 'conv2'" + global +
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv2' top: 'ip' "
+        "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } } } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+    const char* comet[] = {"", "comet { compress_type: 'None' }",
+                           "comet { eb_mode: FIXED error_bound: 1e-3 }"};
+    shared_ptr<Solver<float> > solvers[3];
+    for (int k = 0; k < 3; ++k) {
+      solvers[k] = SolverFor(net, comet[k], "0.01");
+      // statistics as a trained net has them (0 mean, unit variance, factor 1)
+      for (int b = 1; b <= 2; ++b) {
+        Layer<float>* bn = solvers[k]->net()->layer_by_name(b == 1 ? "bn1" : "bn2").get();
+        caffe_set(bn->blobs()[0]->count(), 0.f, bn->blobs()[0]->mutable_cpu_data());
+        caffe_set(bn->blobs()[1]->count(), 1.f, bn->blobs()[1]->mutable_cpu_data());
+        caffe_set(bn->blobs()[2]->count(), 1.f, bn->blobs()[2]->mutable_cpu_data());
+      }
+      Run(solvers[k].get(), 4);
+    }
+    const std::string plan = solvers[2]->comet()->Plan();
+    EXPECT_NE(plan.find("bn1 x_norm -> lossy after bn1 forward, for bn1+sc1 backward"),
+              std::string::npos) << plan;
+    EXPECT_NE(plan.find("bn2 x_norm -> release after bn2 forward"), std::string::npos) << plan;
+    EXPECT_NE(solvers[1]->comet()->Plan().find("bn1 x_norm -> kept dense"), std::string::npos)
+        << "nothing lossy: sc1's source stays";
+    const std::vector<float> off = Params(solvers[0].get()), exact = Params(solvers[1].get()),
+                             lossy = Params(solvers[2].get());
+    ASSERT_EQ(off.size(), exact.size());
+    for (int i = 0; i < off.size(); ++i) ASSERT_EQ(off[i], exact[i]) << "param value " << i;
+    double num = 0, den = 0;
+    for (int i = 0; i < off.size(); ++i) {
+      num += std::pow(off[i] - lossy[i], 2);
+      den += std::pow(off[i], 2);
+    }
+    EXPECT_GT(num, 0) << "lossy: not a copy";
+    EXPECT_LT(std::sqrt(num / den), 1e-3) << "4 steps at a bound of 1e-3";
+    // between forward and backward: bn2's x_norm_ freed, bn1's held compressed
+    caffe::Net<float>* n = solvers[2]->net().get();
+    n->Forward();
+    Layer<float>* bn1 = n->layer_by_name("bn1").get();
+    Layer<float>* bn2 = n->layer_by_name("bn2").get();
+    EXPECT_EQ(CometLayerAccess<float>::bn_x_norm(bn2)->data()->head(), SyncedMemory::UNINITIALIZED);
+    const shared_ptr<CometPayload> held = CometLayerAccess<float>::bn_x_norm(bn1)->data()->comet_payload();
+    ASSERT_TRUE(held.get() != NULL);
+    EXPECT_EQ(held->kind(), CometPayload::LOSSY);
+    n->Backward();
+  }
+
   // comet { pool_codes }: max pooling's forward writes its argmax as codes and its backward reads
   // them, the int32 argmax never dense. Training is bit for bit that of COMET off and of the store
   // packing the layer's own argmax (pool_codes: false); the tracked peak, which this net reaches
@@ -2518,73 +2586,7 @@ TEST_F(CometStoreTest, ABlobThatScaleAndReluMadeFromBatchNormIsRebuiltWithinTheB
   EXPECT_LT(std::sqrt(num / den), 0.05) << "conv2's weight gradient";
 }
 
-// Fine-tuning with BatchNorm's statistics frozen (use_global_stats: true): BatchNorm's backward
-// divides by the deviation (temp_, rebuilt) and reads no x_norm_. bn1's x_norm_ is still the
-// source of in-place sc1's copy: stored lossy at sc1's bound; bn2's, with no Scale after it, is
-// read by nobody: freed after bn2's forward. Until 2026-12-06 both were kept dense all step.
-// With nothing lossy training is bit for bit COMET off's; lossy, sc1's gradients stay close.
-TEST_F(CometStoreTest, GlobalStatisticsBatchNormKeepsNoDenseXNorm) {
-  const std::string conv = " weight_filler { type: 'gaussian' std: 0.3 } bias_term: false } } ";
-  const std::string global = " batch_norm_param { use_global_stats: true } } ";
-  const std::string net =
-      "name: 'global' "
-      "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "  dummy_data_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 } "
-      "    data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' "
-      "  convolution_param { num_output: 6 kernel_size: 3 pad: 1" + conv +
-      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1'" + global +
-      "layer { name: 'sc1' type: 'Scale' bottom: 'conv1' top: 'conv1' scale_param { bias_term: true "
-      "  filler { type: 'uniform' min: 0.5 max: 2 } bias_filler { type: 'uniform' min: -1 max: 1 } } } "
-      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
-      "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2' "
-      "  convolution_param { num_output: 5 kernel_size: 3 pad: 1" + conv +
-      "layer { name: 'bn2' type: 'BatchNorm' bottom: 'conv2' top: 'conv2'" + global +
-      "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv2' top: 'ip' "
-      "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.3 } } } "
-      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
-  const char* comet[] = {"", "comet { compress_type: 'None' }",
-                         "comet { eb_mode: FIXED error_bound: 1e-3 }"};
-  shared_ptr<Solver<float> > solvers[3];
-  for (int k = 0; k < 3; ++k) {
-    solvers[k] = SolverFor(net, comet[k], "0.01");
-    // statistics as a trained net has them (0 mean, unit variance, factor 1)
-    for (int b = 1; b <= 2; ++b) {
-      Layer<float>* bn = solvers[k]->net()->layer_by_name(b == 1 ? "bn1" : "bn2").get();
-      caffe_set(bn->blobs()[0]->count(), 0.f, bn->blobs()[0]->mutable_cpu_data());
-      caffe_set(bn->blobs()[1]->count(), 1.f, bn->blobs()[1]->mutable_cpu_data());
-      caffe_set(bn->blobs()[2]->count(), 1.f, bn->blobs()[2]->mutable_cpu_data());
-    }
-    Run(solvers[k].get(), 4);
-  }
-  const std::string plan = solvers[2]->comet()->Plan();
-  EXPECT_NE(plan.find("bn1 x_norm -> lossy after bn1 forward, for bn1+sc1 backward"),
-            std::string::npos) << plan;
-  EXPECT_NE(plan.find("bn2 x_norm -> release after bn2 forward"), std::string::npos) << plan;
-  EXPECT_NE(solvers[1]->comet()->Plan().find("bn1 x_norm -> kept dense"), std::string::npos)
-      << "nothing lossy: sc1's source stays";
-  const std::vector<float> off = Params(solvers[0].get()), exact = Params(solvers[1].get()),
-                           lossy = Params(solvers[2].get());
-  ASSERT_EQ(off.size(), exact.size());
-  for (int i = 0; i < off.size(); ++i) ASSERT_EQ(off[i], exact[i]) << "param value " << i;
-  double num = 0, den = 0;
-  for (int i = 0; i < off.size(); ++i) {
-    num += std::pow(off[i] - lossy[i], 2);
-    den += std::pow(off[i], 2);
-  }
-  EXPECT_GT(num, 0) << "lossy: not a copy";
-  EXPECT_LT(std::sqrt(num / den), 1e-3) << "4 steps at a bound of 1e-3";
-  // between forward and backward: bn2's x_norm_ freed, bn1's held compressed
-  caffe::Net<float>* n = solvers[2]->net().get();
-  n->Forward();
-  Layer<float>* bn1 = n->layer_by_name("bn1").get();
-  Layer<float>* bn2 = n->layer_by_name("bn2").get();
-  EXPECT_EQ(CometLayerAccess<float>::bn_x_norm(bn2)->data()->head(), SyncedMemory::UNINITIALIZED);
-  const shared_ptr<CometPayload> held = CometLayerAccess<float>::bn_x_norm(bn1)->data()->comet_payload();
-  ASSERT_TRUE(held.get() != NULL);
-  EXPECT_EQ(held->kind(), CometPayload::LOSSY);
-  n->Backward();
-}
+TEST_F(CometStoreTest, GlobalStatisticsBatchNormKeepsNoDenseXNorm) { CheckGlobalStatistics(); }
 
 // GoogLeNet's conv2/norm2: an LRN whose output only max pooling reads. LRN's CPU backward
 // computes its output again (patch 0027), so nothing keeps it: freed after the pooling's
@@ -3612,6 +3614,7 @@ TEST_F(CometGPUTest, MaxPoolingKeepsItsArgmaxAsCodesOnly) { CheckPoolCodes(); }
 TEST_F(CometGPUTest, BuffersOfFrozenLayersAreFreedAfterTheirForward) {
   CheckFrozenLayersBuffers();
 }
+TEST_F(CometGPUTest, GlobalStatisticsBatchNormKeepsNoDenseXNorm) { CheckGlobalStatistics(); }
 TEST_F(CometGPUTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
   CheckTheNetOutlivesItsSolver();
 }
