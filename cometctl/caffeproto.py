@@ -88,6 +88,33 @@ def write_text_proto(path, message) -> None:
 DATA_LAYER_TYPES = ("Data", "ImageData", "HDF5Data", "WindowData", "MemoryData", "Input")
 
 
+def learnable_blobs(layer) -> int:
+    """How many learnable blobs Caffe gives a layer of this kind (its LayerSetUp); 0 for the kinds that
+    have none or that this does not know."""
+    t = layer.type
+    if t in ("Convolution", "Deconvolution"):
+        return 1 + layer.convolution_param.bias_term
+    if t == "InnerProduct":
+        return 1 + layer.inner_product_param.bias_term
+    if t == "Embed":
+        return 1 + layer.embed_param.bias_term
+    if t == "Scale":  # with a second bottom the factors come from it
+        return (len(layer.bottom) == 1) + layer.scale_param.bias_term
+    return {"BatchNorm": 3, "Bias": 1, "PReLU": 1}.get(t, 0)
+
+
+def freeze_layers_before(layers, name: str) -> None:
+    """Fine-tuning's freeze, in place: every layer before `name` (in the net's order) learns nothing,
+    lr_mult 0 on each of its params (BatchNorm's three too: Net counts a missing ParamSpec as lr_mult
+    1 when it decides which layers run a backward). ValueError when no layer has that name."""
+    names = [layer.name for layer in layers]
+    if name not in names:
+        raise ValueError(f"no layer {name} in the net; its layers: " + " ".join(names))
+    for layer in layers[:names.index(name)]:
+        for i in range(learnable_blobs(layer)):
+            (layer.param[i] if i < len(layer.param) else layer.param.add()).lr_mult = 0
+
+
 def meets_train_rule(rule, pb2, state=None) -> bool:
     """Caffe's StateMeetsRule for `state` (a NetState: net_state below), by default the TRAIN state
     {phase: TRAIN, level: 0, no stages}."""

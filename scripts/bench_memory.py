@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cometctl import cometstats, paths, plan  # noqa: E402
+from cometctl import caffeproto, cometstats, paths, plan  # noqa: E402
 
 # the COMET runs' comet { } block, before --set and --also
 COMET_SETTINGS = "eb_mode: ADAPTIVE error_bound: 1e-3 adaptive_target: 0.05 update_interval: 200"
@@ -97,32 +97,6 @@ def model_file(model: str, variant: str | None) -> Path:
     return paths.pycaffe_dir(variant).parent / rel
 
 
-def param_blobs(layer) -> int:
-    """How many learnable blobs Caffe gives a layer of this kind (its LayerSetUp), for --freeze-before."""
-    t = layer.type
-    if t in ("Convolution", "Deconvolution"):
-        return 1 + layer.convolution_param.bias_term
-    if t == "InnerProduct":
-        return 1 + layer.inner_product_param.bias_term
-    if t == "Embed":
-        return 1 + layer.embed_param.bias_term
-    if t == "Scale":  # with a second bottom the factors come from it
-        return (len(layer.bottom) == 1) + layer.scale_param.bias_term
-    return {"BatchNorm": 3, "Bias": 1, "PReLU": 1}.get(t, 0)
-
-
-def freeze_before(layers: list, name: str) -> None:
-    """Fine-tuning's freeze: every layer before `name` (in the net's order) learns nothing, lr_mult 0 on
-    each of its params (BatchNorm's three too: Net counts a missing ParamSpec as lr_mult 1)."""
-    names = [layer.name for layer in layers]
-    if name not in names:
-        raise SystemExit(f"bench_memory: --freeze-before {name}: no such layer in the TRAIN net; its layers: "
-                         + " ".join(names))
-    for layer in layers[:names.index(name)]:
-        for i in range(param_blobs(layer)):
-            (layer.param[i] if i < len(layer.param) else layer.param.add()).lr_mult = 0
-
-
 def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path,
              frozen_before: str | None = None, bn_global_stats: bool = False) -> str:
     net = pb2.NetParameter()
@@ -148,7 +122,10 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
             layer = dummy
         layers.append(layer)
     if frozen_before:
-        freeze_before(layers, frozen_before)
+        try:
+            caffeproto.freeze_layers_before(layers, frozen_before)
+        except ValueError as e:
+            raise SystemExit(f"bench_memory: --freeze-before {frozen_before}: {e}")
     for layer in layers if bn_global_stats else []:
         if layer.type == "BatchNorm":
             layer.batch_norm_param.use_global_stats = True

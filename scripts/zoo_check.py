@@ -122,6 +122,8 @@ class ZooNet:
     # the stored check: the last step's activations held at least MIN_STORED_RATIO times smaller;
     # False: the store keeps everything dense by design, and must (a Python loss layer has no fact row)
     stores: bool = True
+    # fine-tuning: every layer before this one frozen (lr_mult 0; caffeproto.freeze_layers_before)
+    freeze_before: str = ""
 
     def input_text(self) -> str:
         if not self.tops:
@@ -180,6 +182,10 @@ NETS = [
     ZooNet("resnet18_dogs", "repo:models/resnet18_dogs/train_val.prototxt", 4,
            {"data": _image(3, 112, 112), "label": ("label", 120)}, base_lr=1e-4,
            note="crop 112 instead of 224; BatchNorm+Scale, Eltwise SUM, Accuracy in TRAIN"),
+    ZooNet("resnet18_frozen", "repo:models/resnet18_dogs/train_val.prototxt", 4,
+           {"data": _image(3, 112, 112), "label": ("label", 120)}, base_lr=1e-4, freeze_before="res4a_branch2a",
+           note="fine-tuning: conv1 to res3 frozen (lr_mult 0, BatchNorm's three too); their blobs and "
+                "buffers freed after their forward"),
     ZooNet("hdf5_nonlinear", "upstream:examples/hdf5_classification/nonlinear_auto_train.prototxt", 10,
            {"data": ("gauss", (4,), 1.0), "label": ("label", 2)}, base_lr=0.01,
            note="HDF5Data; InnerProduct only; Accuracy in TRAIN reads the loss's input"),
@@ -254,6 +260,10 @@ def train_net(net: ZooNet, pb2):
     missing = set(net.tops) - set(replaced) - set(src.input)
     if missing:
         raise ValueError(f"{net.name}: no data layer makes {', '.join(sorted(missing))}")
+    if net.freeze_before:
+        from cometctl.caffeproto import freeze_layers_before
+
+        freeze_layers_before(out.layer, net.freeze_before)
     return out
 
 

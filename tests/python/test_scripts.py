@@ -167,6 +167,7 @@ def test_bench_freeze_before_and_bn_global_stats_change_what_they_say():
     BatchNorm without ParamSpecs learns in Caffe's Net (lr_mult 1 assumed), so it gets all three."""
     from google.protobuf import text_format
 
+    from cometctl import caffeproto
     from cometctl.caffeproto import caffe_pb2
 
     pb2 = caffe_pb2()
@@ -177,16 +178,16 @@ def test_bench_freeze_before_and_bn_global_stats_change_what_they_say():
     cut = names.index("res4a_branch2a")
     learnable = 0
     for i, layer in enumerate(net.layer):
-        n = bench_memory.param_blobs(layer)
+        n = caffeproto.learnable_blobs(layer)
         learnable += n > 0
         if i < cut:
             assert len(layer.param) >= n and all(p.lr_mult == 0 for p in layer.param[:n]), layer.name
         else:
             assert not layer.param or any(p.lr_mult > 0 for p in layer.param), layer.name
-    assert [bench_memory.param_blobs(net.layer[names.index(n)]) for n in ("conv1", "bn_conv1", "scale_conv1")] \
+    assert [caffeproto.learnable_blobs(net.layer[names.index(n)]) for n in ("conv1", "bn_conv1", "scale_conv1")] \
         == [1, 3, 2]  # conv1 without bias, BatchNorm, Scale with bias
     assert learnable > 40
-    with pytest.raises(SystemExit, match="no such layer"):
+    with pytest.raises(SystemExit, match="no layer res9 in the net"):
         bench_memory.make_net(pb2, text_format, 2, None, model, "res9")
     # --bn-global-stats: every BatchNorm with its statistics frozen, nothing else changed
     plain, frozen_stats = pb2.NetParameter(), pb2.NetParameter()

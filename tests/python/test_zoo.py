@@ -20,8 +20,8 @@ SCRIPT = REPO / "scripts" / "zoo_check.py"
 CHECKS = ("iter0", "ran", "freed", "loss", "grad", "stored")
 # issue 9, item 4: upstream's models/ and examples/ that the CPU build runs, ours, and the ResNet
 ZOO = {"caffenet", "alexnet", "googlenet", "flickr_style", "cifar10_quick", "cifar10_full", "cifar10_sigmoid_bn", "lenet",
-       "mnist_autoencoder", "siamese", "comet_tiny", "caffenet_dogs", "resnet18_dogs", "hdf5_nonlinear",
-       "pycaffe_linreg"}
+       "mnist_autoencoder", "siamese", "comet_tiny", "caffenet_dogs", "resnet18_dogs", "resnet18_frozen",
+       "hdf5_nonlinear", "pycaffe_linreg"}
 
 
 def _run(*args, timeout=1200):
@@ -98,6 +98,17 @@ def test_dummy_data_makes_those_blobs_in_caffe(net, wf_pb2, tmp_path):
             assert blob.shape == (net.batch, *spec[1])
             if spec[0] == "uniform":
                 assert blob.min() >= 0 and blob.max() <= spec[2]
+
+
+def test_the_frozen_net_freezes_what_comes_before_its_cut(wf_pb2):
+    net = zoo_check.BY_NAME["resnet18_frozen"]
+    param = zoo_check.train_net(net, wf_pb2)
+    names = [l.name for l in param.layer]
+    cut = names.index(net.freeze_before)
+    before = [l for l in param.layer[:cut] if l.param]
+    assert {l.type for l in before} == {"Convolution", "BatchNorm", "Scale"}
+    assert all(p.lr_mult == 0 for l in before for p in l.param)
+    assert all(p.lr_mult != 0 for l in param.layer[cut:] for p in l.param)  # the rest as the model has it
 
 
 def test_freed_read_lines_are_recognised():
