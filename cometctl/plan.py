@@ -659,16 +659,14 @@ def read_log(text: str) -> dict:
                 counts.setdefault(names[index], int(m["count"]))
             index += 1
     # a layer's private buffer ("pool1 argmax", "bn1 x_norm") has as many 4-byte values as its first top
-    buffer_counts = {f"{layer} {kind}": counts[names[0]]
-                     for layer, names in tops.items() if names and names[0] in counts
-                     for kind in ("argmax", "mask", "scale", "temp", "x_norm", "copy")}
+    first_top_counts = {layer: counts[names[0]] for layer, names in tops.items() if names and names[0] in counts}
     cached = re.findall(r"\bCOMET memory pool: .*cached (\S+ \wB)", text)
     pool = None
     if cached:
         from .caffelog import parse_comet_items
 
         pool = parse_comet_items(cached[-1]).get("mem_mb", 0.0) * 2**20
-    return {"plan": plan, "counts": counts, "buffer_counts": buffer_counts, "pool_cached": pool}
+    return {"plan": plan, "counts": counts, "first_top_counts": first_top_counts, "pool_cached": pool}
 
 
 @dataclass
@@ -763,13 +761,14 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
         by_blob = {r["blob"]: r for r in rows}
         for blob, action in info["plan"]:
             r = by_blob.get(blob)
+            owner = blob.rpartition(" ")[0]  # "pool1 argmax": a private buffer of layer pool1
             if r:
                 dense, stored = r["dense_bytes"], r["stored_bytes"]
             elif blob in info["counts"]:  # a net blob the store keeps or frees: its Top shape, as floats
                 dense = 4.0 * info["counts"][blob]
                 stored = dense if action == "keep" else 0.0
-            elif action == "release" and blob in info["buffer_counts"]:  # a frozen layer's buffer, freed
-                dense, stored = 4.0 * info["buffer_counts"][blob], 0.0
+            elif action == "release" and owner in info["first_top_counts"]:  # a frozen layer's buffer, freed
+                dense, stored = 4.0 * info["first_top_counts"][owner], 0.0
             else:  # a layer's private buffer the store reports no bytes for
                 dense = stored = None
             blobs.append({"blob": blob, "layer": r["layer"] if r else "", "action": r["kind"] if r else action,

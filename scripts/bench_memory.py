@@ -126,9 +126,10 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
             caffeproto.freeze_layers_before(layers, frozen_before)
         except ValueError as e:
             raise SystemExit(f"bench_memory: --freeze-before {frozen_before}: {e}")
-    for layer in layers if bn_global_stats else []:
-        if layer.type == "BatchNorm":
-            layer.batch_norm_param.use_global_stats = True
+    if bn_global_stats:
+        for layer in layers:
+            if layer.type == "BatchNorm":
+                layer.batch_norm_param.use_global_stats = True
     del net.layer[:]
     net.layer.extend(layers)
     return text_format.MessageToString(net)

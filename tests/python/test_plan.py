@@ -53,8 +53,8 @@ def test_the_log_gives_a_frozen_layers_freed_buffers_their_size():
     ])
     info = P.read_log(log)
     assert info["plan"] == [("bn_conv1 temp", "release"), ("bn_conv1 x_norm", "release"), ("pool9 argmax", "release")]
-    assert info["buffer_counts"]["bn_conv1 x_norm"] == 6422528
-    assert "pool9 argmax" not in info["buffer_counts"]  # no Top shape seen: no size, rather than a wrong one
+    assert info["first_top_counts"]["bn_conv1"] == 6422528  # bn_conv1 x_norm's and temp's size
+    assert "pool9" not in info["first_top_counts"]  # no Top shape seen: no size, rather than a wrong one
 
 
 def test_sizes_read_as_people_write_them():

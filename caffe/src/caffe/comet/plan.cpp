@@ -310,31 +310,25 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     plan.after_forward[i].push_back(plan.entries.size());
     if (runs_backward) plan.after_backward[i].push_back(plan.entries.size());
     plan.entries.push_back(e);
-    if (plan.facts[i].private_buffer == CometLayerFacts::BN_TEMP && !runs_backward) {
-      e.blob = e.name + " x_norm";
-      e.buffer = CometActions::KEEP;  // RELEASE still
-      plan.private_of_layer[i].push_back(plan.entries.size());
-      plan.after_forward[i].push_back(plan.entries.size());
-      plan.entries.push_back(e);
-    } else if (plan.facts[i].private_buffer == CometLayerFacts::BN_TEMP) {
+    if (plan.facts[i].private_buffer == CometLayerFacts::BN_TEMP) {
       // BatchNorm's x_norm_, a copy of its output that its backward reads (and an in-place Scale
       // after it, through the copy rebuilt from it): lossy at the tighter of BatchNorm's own bound
       // and that Scale's; else kept dense, listed so that the layer-buffer figures count it. With
-      // global statistics, decided below.
+      // global statistics, decided below; without a backward, released like temp_.
       const LayerParameter& lp = net.layers()[i]->layer_param();
       const bool global = lp.batch_norm_param().has_use_global_stats()
                               ? lp.batch_norm_param().use_global_stats()
                               : net.phase() == TEST;
       e.blob = e.name + " x_norm";
       e.buffer = CometActions::KEEP;
-      if (!global && LossyAllowed(lp, lossy_types)) {
+      if (runs_backward && !global && LossyAllowed(lp, lossy_types)) {
         e.action = CometActions::LOSSY;
         e.eb_layers.push_back(BoundOf(&plan, net, param, i, CometPlanBound::BATCHNORM));
         plan.after_backward[i].push_back(plan.entries.size());
-      } else {
+      } else if (runs_backward) {
         e.action = CometActions::KEEP;
         if (global) global_x_norms.push_back(plan.entries.size());
-      }
+      }  // without a backward: RELEASE, as temp_'s entry
       plan.private_of_layer[i].push_back(plan.entries.size());
       plan.after_forward[i].push_back(plan.entries.size());
       plan.entries.push_back(e);
