@@ -5,7 +5,9 @@ then with one:
   caffenet (default): the shipped CaffeNet (models/bvlc_reference_caffenet),
   resnet: the shipped ResNet-18 (models/resnet18_dogs: BatchNorm, Scale, Eltwise shortcuts),
   googlenet: upstream's GoogLeNet (models/bvlc_googlenet in the patched tree: Inception branches
-      through Split and Concat, three losses).
+      through Split and Concat, three losses),
+  cifar10_sigmoid: upstream's CIFAR-10 net with Sigmoid and BatchNorm without Scale
+      (examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt), on random 32x32 crops.
 Its input is either
   --data images (default): the shipped Data layer reading the embedded synthetic dataset, made once at
       256x256 (`cometctl prepare-dogs --synthetic --size 256`; picture-like content, as in real
@@ -17,7 +19,8 @@ benchmark's own memory does not count). Reported per run: peak RSS, the store's 
 storage (COMET runs), seconds per iteration after warm-up (wall clock, median), and the CPU seconds
 (user + system) of the whole run, which another tenant's load on a shared machine disturbs less.
 
-    scripts/bench_memory [--model caffenet|resnet|googlenet] [--batches 64 256] [--iters 3]
+    scripts/bench_memory [--model caffenet|resnet|googlenet|cifar10_sigmoid] [--batches 64 256]
+                         [--iters 3]
                          [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
                          [--sync] [--also "FIELD: VALUE"] [--set "FIELD: VALUE"] [--gpu 0]
                          [--freeze-before LAYER] [--bn-global-stats] [--markdown out.md]
@@ -86,7 +89,10 @@ MODELS = {
     "caffenet": ("CaffeNet", "repo", "models/bvlc_reference_caffenet/train_val.prototxt"),
     "resnet": ("ResNet-18", "repo", "models/resnet18_dogs/train_val.prototxt"),
     "googlenet": ("GoogLeNet", "upstream", "models/bvlc_googlenet/train_val.prototxt"),
+    "cifar10_sigmoid": ("CIFAR-10 (Sigmoid, BatchNorm)", "upstream",
+                        "examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt"),
 }
+CROP = {"cifar10_sigmoid": 32}  # nets without a crop of their own that expect a smaller input
 
 
 def model_file(model: str, variant: str | None) -> Path:
@@ -98,7 +104,8 @@ def model_file(model: str, variant: str | None) -> Path:
 
 
 def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path,
-             frozen_before: str | None = None, bn_global_stats: bool = False) -> str:
+             frozen_before: str | None = None, bn_global_stats: bool = False,
+             crop: int | None = None) -> str:
     net = pb2.NetParameter()
     text_format.Merge(model_path.read_text(), net)
     layers = []
@@ -111,8 +118,10 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
             layer.data_param.prefetch = 1
             if not layer.transform_param.mean_value:  # GoogLeNet subtracts per-channel values
                 layer.transform_param.mean_file = str(images / "mean.binaryproto")
+            if crop:
+                layer.transform_param.crop_size = crop
         elif layer.type == "Data":
-            crop = layer.transform_param.crop_size or 227
+            crop = crop or layer.transform_param.crop_size or 227
             dummy = pb2.LayerParameter(name="data", type="DummyData", top=["data", "label"])
             p = dummy.dummy_data_param
             p.shape.add(dim=[batch, 3, crop, crop])
@@ -228,13 +237,15 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         weights = None
         if args.bn_global_stats:  # statistics as a fine-tuned net starts from: a few real batches' averages
-            stats = make_net(pb2, text_format, args.batches[0], images, model_path, args.freeze_before)
+            stats = make_net(pb2, text_format, args.batches[0], images, model_path, args.freeze_before,
+                             crop=CROP.get(args.model))
             run(caffe, work, "statistics", stats, None, 3, args.gpu, snapshot=True)
             weights = work / "statistics_iter_3.caffemodel"
             print(f"BatchNorm statistics of 3 training iterations at batch {args.batches[0]}: {weights.name}",
                   flush=True)
         for batch in args.batches:
-            net = make_net(pb2, text_format, batch, images, model_path, args.freeze_before, args.bn_global_stats)
+            net = make_net(pb2, text_format, batch, images, model_path, args.freeze_before, args.bn_global_stats,
+                           crop=CROP.get(args.model))
             modes = ["off"] + list(blocks)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike

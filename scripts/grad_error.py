@@ -1,18 +1,21 @@
 """How far COMET moves a net's weight gradients: one training step, COMET off vs on, side by side.
 
-Two solvers train the shipped CaffeNet or ResNet-18 (--model; 10 outputs) on the embedded synthetic
-images at 256x256 (made
-once, as for scripts/bench_memory). After `--warmup` steps (the adaptive bounds are measured on them)
+Two solvers train the shipped CaffeNet or ResNet-18, upstream's GoogLeNet, or upstream's CIFAR-10
+net with Sigmoid and BatchNorm (--model; 10 outputs) on the embedded synthetic images at 256x256
+(made once, as for scripts/bench_memory; the CIFAR-10 net takes random 32x32 crops of them). After `--warmup` steps (the adaptive bounds are measured on them)
 the COMET solver gets the other's weights, both run forward and backward on the same batch with the
 same Dropout masks, and for each layer the relative error of the weight gradient,
 ||dW_on - dW_off|| / ||dW_off||, is printed next to the error bound its input was stored with. With
 ADAPTIVE bounds this error is what `adaptive_target` aims at (docs/comet.md).
 
+The Sigmoid net's Sigmoid outputs are stored lossy at the tighter of their own bound (the
+derivative rule: Sigmoid's backward computes y (1 - y) from them) and the next layer's.
+
 ResNet's BatchNorm layers store their normalised output (x_norm_) lossy at the tighter of their own
 bound and their Scale's; the table lists those bounds and the weight-gradient error of every layer
 with learnable weights (the errors of BatchNorm's input gradients show in the layers below them).
 
-    scripts/grad_error [--model caffenet|resnet|googlenet] [--batch 32] [--target 0.05]
+    scripts/grad_error [--model caffenet|resnet|googlenet|cifar10_sigmoid] [--batch 32] [--target 0.05]
                        [--max-bound 1] [--warmup 2] [--data-gradients] [--dense LAYER ...]
 
 --dense keeps what the named layers store lossy dense (`comet_param { compress: false }`: a
@@ -37,7 +40,8 @@ from cometctl import paths  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["caffenet", "resnet", "googlenet"], default="caffenet")
+    ap.add_argument("--model", choices=["caffenet", "resnet", "googlenet", "cifar10_sigmoid"],
+                    default="caffenet")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--target", type=float, default=0.05, help="comet.adaptive_target")
     ap.add_argument("--max-bound", type=float, default=1.0, help="comet.max_error_bound")
@@ -65,7 +69,9 @@ def main() -> int:
              "resnet": (ROOT / "models/resnet18_dogs/train_val.prototxt", ("fc120",), "ResNet-18"),
              "googlenet": (upstream / "models/bvlc_googlenet/train_val.prototxt",
                            ("loss1/classifier", "loss2/classifier", "loss3/classifier"),
-                           "GoogLeNet")}
+                           "GoogLeNet"),
+             "cifar10_sigmoid": (upstream / "examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt",
+                                 ("ip1",), "CIFAR-10 (Sigmoid, BatchNorm)")}
     net_file, classifiers, title = model[args.model]
     text_format.Merge(net_file.read_text(), net)
     for layer in net.layer:
@@ -76,6 +82,8 @@ def main() -> int:
             layer.data_param.prefetch = 1
             if not layer.transform_param.mean_value:
                 layer.transform_param.mean_file = str(images / "mean.binaryproto")
+            if args.model == "cifar10_sigmoid":
+                layer.transform_param.crop_size = 32  # CIFAR's size, cut from the 256x256 images
         if layer.name in classifiers:
             layer.inner_product_param.num_output = 10  # the synthetic set has 10 classes
         if layer.name in args.dense:
@@ -128,6 +136,9 @@ def main() -> int:
                 continue
             eb = f"{bounds[name]:.3g}" if name in bounds else "exact"
             print(f"| {name} | {eb} | {np.linalg.norm(b - a) / np.linalg.norm(a):.4f} |")
+        for name in bounds:  # readers without weights: Sigmoid, TanH, LRN (their own rules)
+            if name not in off.net.params:
+                print(f"| {name} ({on.net.layer_dict[name].type}) | {bounds[name]:.3g} | - |")
         if args.data_gradients:
             print("\n| blob | relative error of its gradient |\n|---|---:|")
             for name in off.net.blobs:

@@ -19,6 +19,12 @@ namespace caffe {
 
 // The weight rule's bound stays at most this times the RMS of its sampled input.
 const double kCometBoundPerInputRms = 0.5;
+// The BatchNorm and derivative rules' bounds stay at most this times the standard deviation of
+// the values stored (x_norm_, Sigmoid's or TanH's output). Their estimates take the errors as
+// independent of the values, which holds while the bound is small against the values' spread;
+// near it sz rounds many values to their prediction, the error follows the values, and the layers
+// below see it in their weight gradients (docs/comet.md: upstream's CIFAR-10 Sigmoid net).
+const double kCometBoundPerStoredStd = 0.25;
 
 template <typename Dtype>
 class CometBounds {
@@ -48,10 +54,12 @@ class CometBounds {
 
  private:
   bool Measures(int layer) const;
-  double BatchNormErrorScale(int layer) const;
+  // *spread: the standard deviation of the stored values the rule reads.
+  double BatchNormErrorScale(int layer, double* spread) const;
   double LrnErrorPerBound(int layer) const;
+  double DerivativeErrorPerBound(int layer, double* spread) const;
   void MeasureWeightErrors(int layer);
-  void SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms);
+  void SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms, double spread = 0);
   void Clamped(CometPlanBound* bd, double eb);  // sets it within the limits
 
   const Net<Dtype>* net_;
@@ -59,6 +67,7 @@ class CometBounds {
   std::vector<CometPlanBound> bounds_;
   std::vector<int> bound_of_layer_;  // layer -> bound or -1
   std::vector<double> measured_;     // layer -> what BeforeBackward measured
+  std::vector<double> spread_;       // layer -> its stored values' spread, where the rule caps by it
   std::vector<CometErrorSample> errors_;  // bound -> its input's sample, this measuring iteration
   struct Ladder {
     std::vector<double> bounds, errors;  // the weight rule's RMS errors at these bounds

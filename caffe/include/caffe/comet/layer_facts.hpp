@@ -31,9 +31,12 @@ struct CometLayerFacts {
   // the per-channel values). SCALE_COPY: in-place Scale's temp_, a copy of its input (rebuilt
   // from the BatchNorm output it was copied from).
   enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE, BN_TEMP, SCALE_COPY };
+  // Backward computes f'(x) from its output y alone: Sigmoid y (1 - y), TanH 1 - y^2. An error e
+  // in y moves it by about e (1 - 2y) or -2 y e, which the derivative rule of docs/comet.md bounds.
+  enum Derivative { NO_DERIVATIVE = 0, SIGMOID_OF_OUTPUT, TANH_OF_OUTPUT };
   CometLayerFacts()
       : known(false), lossy_input(false), adaptive(false), relu_from_mask(false),
-        fills_whole(false), private_buffer(NO_PRIVATE) {}
+        fills_whole(false), private_buffer(NO_PRIVATE), derivative(NO_DERIVATIVE) {}
 
   bool known;                    // false: no row for the class; it reads every bottom and top
   std::vector<CometRead> bottom;  // Backward's use of bottom[k]'s data
@@ -41,8 +44,8 @@ struct CometLayerFacts {
   // Memory the layer shares between its blobs after Forward (Split) or Backward (Flatten's diff):
   // top k's data (diff) is bottom top_data_of[k]'s (top_diff_of[k]'s), or -1 for its own.
   std::vector<int> top_data_of, top_diff_of;
-  // Its value reads of the bottoms (and LRN's of its top) tolerate |x - x'| <= eb; which of them
-  // are stored lossy is still the user's choice (comet.compress_type).
+  // Its value reads of the bottoms (and LRN's, Sigmoid's and TanH's of their top) tolerate
+  // |x - x'| <= eb; which of them are stored lossy is still the user's choice (compress_type).
   bool lossy_input;
   // Its weight gradient is sum x (x) dy with weights of shape (outputs, ...): the adaptive bound
   // rule of docs/comet.md applies (Convolution, InnerProduct, and Scale for BatchNorm's x_norm_).
@@ -54,6 +57,7 @@ struct CometLayerFacts {
   // CPU and GPU: when the store has freed that memory, its next allocation needs no zero fill.
   bool fills_whole;
   Private private_buffer;  // a buffer as large as an activation that the store may hold
+  Derivative derivative;
 
   CometRead read_bottom(int k) const { return known ? bottom[k] : COMET_READS_VALUE; }
   CometRead read_top(int k) const { return known ? top[k] : COMET_READS_VALUE; }

@@ -24,6 +24,7 @@ void CometBounds<Dtype>::Reset(const CometPlan& plan) {
     if (old.count(bounds_[b].layer)) bounds_[b].eb = old[bounds_[b].layer];
   bound_of_layer_ = plan.bound_of_layer;
   measured_.assign(bound_of_layer_.size(), 0);
+  spread_.assign(bound_of_layer_.size(), 0);
   ladder_.assign(bound_of_layer_.size(), Ladder());
   errors_.assign(bounds_.size(), CometErrorSample());
   drift_.resize(bounds_.size());
@@ -139,8 +140,13 @@ template <typename Dtype>
 void CometBounds<Dtype>::BeforeBackward(int layer) {
   if (!Measures(layer)) return;
   switch (bounds_[bound_of_layer_[layer]].rule) {
-    case CometPlanBound::BATCHNORM: measured_[layer] = BatchNormErrorScale(layer); break;
+    case CometPlanBound::BATCHNORM:
+      measured_[layer] = BatchNormErrorScale(layer, &spread_[layer]);
+      break;
     case CometPlanBound::LRN: measured_[layer] = LrnErrorPerBound(layer); break;
+    case CometPlanBound::DERIVATIVE:
+      measured_[layer] = DerivativeErrorPerBound(layer, &spread_[layer]);
+      break;
     default: MeasureWeightErrors(layer);
   }
 }
@@ -179,14 +185,18 @@ void CometBounds<Dtype>::MeasureWeightErrors(int layer) {
 }
 
 // eb such that the estimated gradient error (per_eb * eb) is adaptive_target times the
-// gradient's RMS, clamped to [min_error_bound, max_error_bound].
+// gradient's RMS, at most kCometBoundPerStoredStd times the stored values' spread where one is
+// given, clamped to [min_error_bound, max_error_bound].
 template <typename Dtype>
-void CometBounds<Dtype>::SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms) {
+void CometBounds<Dtype>::SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms,
+                                 double spread) {
   if (!(per_eb > 0) || !(gradient_rms > 0) || !std::isfinite(per_eb) ||
       !std::isfinite(gradient_rms)) {
     return;  // nothing to learn from this step (a zero or non-finite gradient)
   }
-  Clamped(bd, param_.adaptive_target() * gradient_rms / per_eb);
+  double eb = param_.adaptive_target() * gradient_rms / per_eb;
+  if (spread > 0 && std::isfinite(spread)) eb = std::min(eb, kCometBoundPerStoredStd * spread);
+  Clamped(bd, eb);
 }
 
 // Within [min_error_bound, max_error_bound], and, once a bound has been measured, at most twice
@@ -211,10 +221,12 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
   const double dx_rms = std::sqrt(static_cast<double>(bottom->sumsq_diff()) / bottom->count());
   if (bd.rule == CometPlanBound::LRN) {
     SetFrom(&bd, measured_[layer], dx_rms);  // LrnErrorPerBound: error / eb
+  } else if (bd.rule == CometPlanBound::DERIVATIVE) {
+    SetFrom(&bd, measured_[layer], dx_rms, spread_[layer]);  // DerivativeErrorPerBound: error / eb
   } else if (bd.rule == CometPlanBound::BATCHNORM) {
     // BatchNormErrorScale: RMS error of dx = eb * sqrt(S / (3 C)).
     const double channels = CometLayerAccess<Dtype>::bn_std(net_->layers()[layer].get())->count();
-    SetFrom(&bd, std::sqrt(measured_[layer] / (3. * channels)), dx_rms);
+    SetFrom(&bd, std::sqrt(measured_[layer] / (3. * channels)), dx_rms, spread_[layer]);
   } else {
     // Weight gradient dW = sum x (x) dy, still the raw data gradient here (regularisation
     // comes later, in ApplyUpdate): the bound where the error measured before the backward
@@ -300,13 +312,37 @@ double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
          std::sqrt(n * n * dyy + n * xx * dd);
 }
 
+// Sigmoid and TanH compute dx = dy f'(y) from their output y: f' = y (1 - y) or 1 - y^2. An
+// error e in y (|e| <= eb, uniform) moves f' by e (1 - 2y) - e^2 or -(2 y e + e^2); to first
+// order the RMS error of dx is eb sqrt(E[dy^2 g^2] / 3), g = 1 - 2y or 2y (each element's error
+// is its own: nothing sums errors over values, so their correlation does not matter). Returns
+// that per unit of bound, from the y the backward is about to read. The e^2 term stays below
+// eb times the first one wherever |g| >= eb (for Sigmoid, y no nearer 0.5 than eb / 2).
+template <typename Dtype>
+double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) const {
+  const Blob<Dtype>* y = net_->top_vecs()[layer][0];
+  const bool sigmoid = net_->layers()[layer]->type() == std::string("Sigmoid");  // else TanH
+  const Dtype* yd = y->cpu_data();
+  const Dtype* dy = y->cpu_diff();
+  double sum = 0, m1 = 0, m2 = 0;
+  for (int i = 0; i < y->count(); ++i) {
+    const double g = sigmoid ? 1. - 2. * yd[i] : 2. * yd[i];
+    sum += static_cast<double>(dy[i]) * dy[i] * g * g;
+    m1 += yd[i];
+    m2 += static_cast<double>(yd[i]) * yd[i];
+  }
+  const double n = std::max(y->count(), 1);
+  *spread = std::sqrt(std::max(m2 / n - (m1 / n) * (m1 / n), 0.));
+  return std::sqrt(sum / (3. * n));
+}
+
 // BatchNorm's input gradient is dx = (dy - mean(dy) - y mean(dy y)) / std per channel, y its
 // normalised output. An error e in y (|e| <= eb, uniform) moves dx by about -e mean(dy y) / std
 // (the term with mean(dy e) averages over the channel's N x H x W values and is negligible), so
 // the RMS error of dx is eb * sqrt(S / (3 C)) with S = sum_c (mean_c(dy y) / std_c)^2. Returns S,
 // computed from the y the backward is about to read.
 template <typename Dtype>
-double CometBounds<Dtype>::BatchNormErrorScale(int layer) const {
+double CometBounds<Dtype>::BatchNormErrorScale(int layer, double* spread) const {
   Layer<Dtype>* l = net_->layers()[layer].get();
   const Blob<Dtype>* y = CometLayerAccess<Dtype>::bn_x_norm(l);
   const Blob<Dtype>* sd = CometLayerAccess<Dtype>::bn_std(l);
@@ -316,17 +352,23 @@ double CometBounds<Dtype>::BatchNormErrorScale(int layer) const {
   const Dtype* yd = y->cpu_data();
   const Dtype* dy = top->cpu_diff();
   const Dtype* s = sd->cpu_data();
-  double total = 0;
+  double total = 0, y1 = 0, y2 = 0;
   for (int c = 0; c < channels; ++c) {
     double m1 = 0;
     for (int n = 0; n < num; ++n) {
       const size_t off = (static_cast<size_t>(n) * channels + c) * spatial;
-      for (int i = 0; i < spatial; ++i) m1 += static_cast<double>(dy[off + i]) * yd[off + i];
+      for (int i = 0; i < spatial; ++i) {
+        m1 += static_cast<double>(dy[off + i]) * yd[off + i];
+        y1 += yd[off + i];
+        y2 += static_cast<double>(yd[off + i]) * yd[off + i];
+      }
     }
     m1 /= static_cast<double>(num) * spatial;
     const double r = m1 / s[c];
     total += r * r;
   }
+  const double count = std::max(y->count(), 1);
+  *spread = std::sqrt(std::max(y2 / count - (y1 / count) * (y1 / count), 0.));
   return total;
 }
 

@@ -114,6 +114,21 @@ void ReadsTop(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
   All(&f->top, COMET_READS_VALUE);
 }
 
+// Sigmoid and TanH: f' from the output, lossy within the derivative rule's bound.
+template <typename Dtype>
+void SigmoidRow(const Layer<Dtype>& l, const CometLayerShape& s, CometLayerFacts* f) {
+  ReadsTop(l, s, f);
+  f->lossy_input = true;
+  f->derivative = CometLayerFacts::SIGMOID_OF_OUTPUT;
+}
+
+template <typename Dtype>
+void TanHRow(const Layer<Dtype>& l, const CometLayerShape& s, CometLayerFacts* f) {
+  ReadsTop(l, s, f);
+  f->lossy_input = true;
+  f->derivative = CometLayerFacts::TANH_OF_OUTPUT;
+}
+
 template <typename Dtype>
 void ReadsBoth(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
   All(&f->bottom, COMET_READS_VALUE);
@@ -363,8 +378,8 @@ REGISTER_COMET_FACTS("BNLL", BNLLLayer, ReadsBottom);
 REGISTER_COMET_FACTS("Clip", ClipLayer, ReadsBottom);
 REGISTER_COMET_FACTS("Log", LogLayer, ReadsBottom);
 REGISTER_COMET_FACTS("Power", PowerLayer, PowerRow);
-REGISTER_COMET_FACTS("Sigmoid", SigmoidLayer, ReadsTop);
-REGISTER_COMET_FACTS("TanH", TanHLayer, ReadsTop);
+REGISTER_COMET_FACTS("Sigmoid", SigmoidLayer, SigmoidRow);
+REGISTER_COMET_FACTS("TanH", TanHLayer, TanHRow);
 REGISTER_COMET_FACTS("Exp", ExpLayer, ReadsTop);
 REGISTER_COMET_FACTS("Softmax", SoftmaxLayer, ReadsTop);
 REGISTER_COMET_FACTS("Swish", SwishLayer, ReadsTop);

@@ -93,6 +93,13 @@ int BoundOf(CometPlan* plan, const Net<Dtype>& net, const CometParameter& param,
   return plan->bound_of_layer[i];
 }
 
+// The rule that bounds the error a lossy read by a layer with these facts causes.
+CometPlanBound::Rule RuleOf(const CometLayerFacts& f) {
+  if (f.private_buffer == CometLayerFacts::LRN_SCALE) return CometPlanBound::LRN;
+  if (f.derivative != CometLayerFacts::NO_DERIVATIVE) return CometPlanBound::DERIVATIVE;
+  return CometPlanBound::WEIGHT_GRADIENT;
+}
+
 // Whether layer i may store its input (or, for BatchNorm, its x_norm_) lossy.
 bool LossyAllowed(const LayerParameter& lp, const std::set<std::string>& lossy_types) {
   return lossy_types.count(lp.type()) && (!lp.has_comet_param() || lp.comet_param().compress());
@@ -117,6 +124,8 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     lossy_types.insert("InnerProduct");
     lossy_types.insert("LRN");
     lossy_types.insert("BatchNorm");
+    lossy_types.insert("Sigmoid");
+    lossy_types.insert("TanH");
   }
 
   // Blobs whose data the store never touches: what callers read or set from outside (inputs,
@@ -231,10 +240,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         if (!seen.insert(i).second || plan.facts[i].relu_from_mask) continue;  // sign mask
         if (!e.name.empty()) e.name += "+";
         e.name += net.layer_names()[i];
-        const CometPlanBound::Rule rule = plan.facts[i].private_buffer == CometLayerFacts::LRN_SCALE
-                                              ? CometPlanBound::LRN
-                                              : CometPlanBound::WEIGHT_GRADIENT;
-        e.eb_layers.push_back(BoundOf(&plan, net, param, i, rule));
+        e.eb_layers.push_back(BoundOf(&plan, net, param, i, RuleOf(plan.facts[i])));
       }
     } else {
       continue;  // KEEP: some reader needs it exactly

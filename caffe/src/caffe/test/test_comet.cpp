@@ -50,6 +50,8 @@
 #include "caffe/layers/pooling_layer.hpp"
 #include "caffe/layers/relu_layer.hpp"
 #include "caffe/layers/scale_layer.hpp"
+#include "caffe/layers/sigmoid_layer.hpp"
+#include "caffe/layers/tanh_layer.hpp"
 #include "caffe/sgd_solvers.hpp"
 #include "caffe/solver.hpp"
 #include "caffe/syncedmem.hpp"
@@ -1121,6 +1123,66 @@ TEST_F(CometPayloadTest, BatchNormInputGradientErrorMatchesTheDerivation) {
   EXPECT_LT(rms, 1.2 * predicted);
 }
 
+// Sigmoid and TanH compute dx = dy f'(y) from their output y. An error e in y, uniform in
+// [-eb, eb], moves dx by an RMS of eb sqrt(E[dy^2 g^2] / 3), g = 1 - 2y (Sigmoid) or 2y (TanH),
+// the derivative rule's estimate (bounds.cpp, DerivativeErrorPerBound); sz's errors at the same
+// bound stay within it.
+TEST_F(CometPayloadTest, SigmoidAndTanHGradientErrorMatchesTheDerivation) {
+  for (int is_tanh = 0; is_tanh < 2; ++is_tanh) {
+    Blob<float> bottom(4, 6, 10, 10), top;
+    std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+    FillerParameter wide;
+    wide.set_std(2.5f);  // both tails and the middle of the curve
+    GaussianFiller<float>(wide).Fill(&bottom);
+    LayerParameter lp;
+    shared_ptr<Layer<float> > layer;
+    if (is_tanh) layer.reset(new TanHLayer<float>(lp));
+    else layer.reset(new SigmoidLayer<float>(lp));
+    layer->SetUp(bv, tv);
+    layer->Forward(bv, tv);
+    FillerParameter fp;
+    fp.set_std(1.f);
+    GaussianFiller<float> filler(fp);
+    Blob<float> dy(top.shape());
+    filler.Fill(&dy);
+    const std::vector<bool> down(1, true);
+    caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
+    layer->Backward(tv, down, bv);
+    const std::vector<float> exact(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
+    const std::vector<float> y(top.cpu_data(), top.cpu_data() + top.count());
+    double sum = 0;
+    for (int i = 0; i < top.count(); ++i) {
+      const double g = is_tanh ? 2. * y[i] : 1. - 2. * y[i];
+      sum += static_cast<double>(dy.cpu_data()[i]) * dy.cpu_data()[i] * g * g;
+    }
+    const double per_eb = std::sqrt(sum / (3. * top.count()));
+    const float eb = 1e-2f;
+    for (int way = 0; way < 2; ++way) {  // uniform errors, then sz's
+      if (way == 0) {
+        uint32_t state = 5;
+        for (int i = 0; i < top.count(); ++i)
+          top.mutable_cpu_data()[i] = y[i] + eb * (2.f * NextUniform(&state) - 1.f);
+      } else {
+        shared_ptr<CometPayload> p = CometEncodeLossy(y.data(), top.shape(), false, eb, "y");
+        std::string error;
+        ASSERT_TRUE(CometDecode(*p, top.mutable_cpu_data(), &error)) << error;
+      }
+      caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
+      layer->Backward(tv, down, bv);
+      double err = 0;
+      for (int i = 0; i < bottom.count(); ++i) {
+        const double d = bottom.cpu_diff()[i] - exact[i];
+        err += d * d;
+      }
+      const double rms = std::sqrt(err / bottom.count());
+      if (way == 0) {
+        EXPECT_GT(rms, 0.9 * eb * per_eb) << layer->type();
+      }
+      EXPECT_LT(rms, 1.1 * eb * per_eb) << layer->type() << (way ? ", sz" : ", uniform");
+    }
+  }
+}
+
 // ReLU's backward only asks whether its input was positive: restored from a mask, its gradient
 // is exactly the one from the dense input.
 TEST_F(CometPayloadTest, ReluGradientFromTheMaskIsExact) {
@@ -1881,6 +1943,8 @@ class CometStoreTest : public ::testing::Test {
 
   // NaN, Inf and huge values through every pooling method, and training into NaN (defined below).
   void CheckNaNThroughPooling();
+  // Sigmoid and TanH outputs stored under the derivative rule (defined below).
+  void CheckSigmoidAndTanH();
 
   // conv, ReLU, max pooling with overlapping windows, LRN across channels, Dropout: a net with
   // every kind of layer-private buffer the store keeps (Caffe's engines, named).
@@ -2036,7 +2100,9 @@ class CometStoreTest : public ::testing::Test {
       CometStore<float>* store = solvers[k]->comet();
       caffe::Net<float>* n = solvers[k]->net().get();
       for (int i = 0; i < n->layers().size(); ++i)
-        if (n->layer_names()[i] == "drop1") ASSERT_FALSE(n->layer_need_backward()[i]);
+        if (n->layer_names()[i] == "drop1") {
+          ASSERT_FALSE(n->layer_need_backward()[i]);
+        }
       std::map<std::string, const CometStore<float>::Entry*> by_blob;
       for (int e = 0; e < store->entries().size(); ++e)
         by_blob[store->entries()[e].blob] = &store->entries()[e];
@@ -3332,6 +3398,123 @@ TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
   EXPECT_FLOAT_EQ(b->comet()->bound("ip1"), eb_ip1);
 }
 
+// A net of Sigmoid and TanH (what upstream's CIFAR-10 Sigmoid example and autoencoders use):
+// their outputs, which their backward reads, are stored lossy under the derivative rule, whose
+// bounds move with adaptive_target as the weight rule's do; training stays close to COMET off.
+void CometStoreTest::CheckSigmoidAndTanH() {
+  const std::string net =
+      "name: 'sig' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
+      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'sig1' type: 'Sigmoid' bottom: 'conv1' top: 'sig1' } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'sig1' top: 'conv2' convolution_param { "
+      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'tanh2' type: 'TanH' bottom: 'conv2' top: 'conv2' } "
+      "layer { name: 'pool' type: 'Pooling' bottom: 'conv2' top: 'pool' pooling_param { pool: AVE "
+      "kernel_size: 4 stride: 4 } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
+      "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const std::string adaptive =
+      "eb_mode: ADAPTIVE error_bound: 1e-1 update_interval: 1 min_error_bound: 1e-6 ";
+  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01");
+  shared_ptr<Solver<float> > tight =
+      SolverFor(net, "comet { " + adaptive + "adaptive_target: 0.01 }", "0.01");
+  shared_ptr<Solver<float> > loose =
+      SolverFor(net, "comet { " + adaptive + "adaptive_target: 0.04 }", "0.01");
+  shared_ptr<Solver<float> > dense = SolverFor(
+      net, "comet { " + adaptive + "adaptive_target: 0.01 compress_type: 'Convolution' "
+           "compress_type: 'InnerProduct' }", "0.01");
+  Run(off.get(), 4);
+  Run(tight.get(), 4);
+  Run(loose.get(), 4);
+  Run(dense.get(), 4);
+  const char* layers[] = {"sig1", "tanh2"};
+  for (int i = 0; i < 2; ++i) {
+    const float eb = tight->comet()->bound(layers[i]);
+    EXPECT_NE(eb, 1e-1f) << layers[i] << ": the derivative rule never moved the bound";
+    const double ratio = loose->comet()->bound(layers[i]) / eb;
+    EXPECT_GT(ratio, 3.5) << layers[i] << " at " << eb << ": the rule is linear in the target";
+    EXPECT_LT(ratio, 4.5) << layers[i] << " at " << eb;
+    EXPECT_EQ(dense->comet()->bound(layers[i]), -1.f) << layers[i] << " has no bound when kept";
+  }
+  const std::vector<float> a = Params(off.get()), b = Params(tight.get());
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += (a[i] - b[i]) * (a[i] - b[i]);
+    n += a[i] * a[i];
+  }
+  EXPECT_GT(d, 0) << "lossy storage had no effect at all?";
+  EXPECT_LT(std::sqrt(d / n), 2e-3) << "weights after 4 steps, relative to COMET off";
+  // sig1 and conv2's blob (64 KB each) dense through the step, or compressed
+  EXPECT_LE(tight->comet()->memory().peak[CometMemory::ACTIVATIONS] + 64 * 1024,
+            dense->comet()->memory().peak[CometMemory::ACTIVATIONS]);
+}
+
+// BatchNorm without Scale (upstream's CIFAR-10 Sigmoid example): x_norm_ is read by BatchNorm's
+// backward alone, under its own rule, whose estimate takes the errors as independent of the
+// values. At a bound near x_norm_'s spread (1) they are not, and the layers below took weight
+// gradients 37% off at a 5% target; the bound stays within a quarter of the spread.
+TEST_F(CometStoreTest, BatchNormAloneKeepsTheWeightGradientsBelowItNearTheTarget) {
+  std::string net =
+      "name: 'bn' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 16 dim: 3 dim: 16 dim: 16 } shape { dim: 16 } "
+      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3.99 } } } ";
+  const char* body[] = {"conv1", "data", "conv2", "sig1"};
+  for (int k = 0; k < 2; ++k) {
+    const std::string c = body[2 * k], in = body[2 * k + 1], n = k ? "2" : "1";
+    net += "layer { name: '" + c + "' type: 'Convolution' bottom: '" + in + "' top: '" + c +
+           "' convolution_param { num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: "
+           "'gaussian' std: 0.2 } } } "
+           "layer { name: 'pool" + n + "' type: 'Pooling' bottom: '" + c + "' top: 'pool" + n +
+           "' pooling_param { pool: MAX kernel_size: 2 stride: 2 } } "
+           "layer { name: 'bn" + n + "' type: 'BatchNorm' bottom: 'pool" + n + "' top: 'bn" + n +
+           "' } layer { name: 'sig" + n + "' type: 'Sigmoid' bottom: 'bn" + n + "' top: 'sig" +
+           n + "' } ";
+  }
+  net += "layer { name: 'ip' type: 'InnerProduct' bottom: 'sig2' top: 'ip' inner_product_param { "
+         "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
+         "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  shared_ptr<Solver<float> > on = SolverFor(
+      net, "comet { eb_mode: ADAPTIVE update_interval: 1 release_diffs: false }", "0.05");
+  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.05");
+  Run(on.get(), 6);
+  for (int n = 1; n <= 2; ++n) {
+    const std::string bn = "bn" + std::string(n == 1 ? "1" : "2");
+    EXPECT_LE(on->comet()->bound(bn), 1.05 * kCometBoundPerStoredStd) << bn << ": x_norm_'s std is 1";
+  }
+  // One more step's gradients from the same weights and batch, COMET on and off.
+  const std::vector<Blob<float>*>& pa = on->net()->learnable_params();
+  const std::vector<Blob<float>*>& pb = off->net()->learnable_params();
+  for (int i = 0; i < pa.size(); ++i)
+    caffe_copy(pa[i]->count(), pa[i]->cpu_data(), pb[i]->mutable_cpu_data());
+  for (int k = 0; k < 2; ++k) {
+    caffe::Net<float>* net_k = (k ? off : on)->net().get();
+    net_k->ClearParamDiffs();
+    Caffe::set_random_seed(7);
+    net_k->Forward();
+    net_k->Backward();
+  }
+  for (int i = 0; i < 2; ++i) {
+    const Blob<float>* a = on->net()->layer_by_name(body[2 * i])->blobs()[0].get();
+    const Blob<float>* b = off->net()->layer_by_name(body[2 * i])->blobs()[0].get();
+    double d = 0, r = 0;
+    for (int j = 0; j < a->count(); ++j) {
+      d += (a->cpu_diff()[j] - b->cpu_diff()[j]) * (a->cpu_diff()[j] - b->cpu_diff()[j]);
+      r += b->cpu_diff()[j] * b->cpu_diff()[j];
+    }
+    ASSERT_GT(r, 0) << body[2 * i];
+    // twice the target (errors from several rules add up); 10% and 16% without the cap
+    EXPECT_LT(std::sqrt(d / r), 0.1) << body[2 * i] << "'s weight gradient, at a target of 5%";
+  }
+}
+
+TEST_F(CometStoreTest, SigmoidAndTanHOutputsAreStoredUnderTheirOwnBound) {
+  CheckSigmoidAndTanH();
+}
+
 TEST_F(CometStoreTest, ForwardOnlyKeepsBlobsReadable) {
   // pycaffe style: forward without backward, then read an intermediate blob.
   shared_ptr<Solver<float> > on = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
@@ -3615,6 +3798,9 @@ TEST_F(CometGPUTest, BuffersOfFrozenLayersAreFreedAfterTheirForward) {
   CheckFrozenLayersBuffers();
 }
 TEST_F(CometGPUTest, GlobalStatisticsBatchNormKeepsNoDenseXNorm) { CheckGlobalStatistics(); }
+TEST_F(CometGPUTest, SigmoidAndTanHOutputsAreStoredUnderTheirOwnBound) {
+  CheckSigmoidAndTanH();
+}
 TEST_F(CometGPUTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
   CheckTheNetOutlivesItsSolver();
 }

@@ -29,6 +29,9 @@
 #include "caffe/layers/lrn_layer.hpp"
 #include "caffe/layers/pooling_layer.hpp"
 #include "caffe/layers/relu_layer.hpp"
+#include "caffe/layers/sigmoid_layer.hpp"
+#include "caffe/layers/softmax_layer.hpp"
+#include "caffe/layers/tanh_layer.hpp"
 #ifdef USE_CUDNN
 #include "caffe/layers/cudnn_conv_layer.hpp"
 #include "caffe/layers/cudnn_lrn_layer.hpp"
@@ -548,6 +551,25 @@ int CheckRows(const Configs& configs, const char* where) {
 
 TEST_F(CometFactsTest, EveryRowHoldsForItsLayer) {
   EXPECT_GT(CheckRows(AllConfigs(), "CPU"), 80);
+}
+
+// Sigmoid and TanH read their output's values, which may be lossy under the derivative rule
+// (the reads themselves are proven with the other rows); Softmax's are kept exact.
+TEST_F(CometFactsTest, SigmoidAndTanHNameTheirDerivative) {
+  Blob<float> x(S(2, 3, 5, 5)), y;
+  std::vector<Blob<float>*> bottom(1, &x), top(1, &y);
+  LayerParameter lp;
+  const CometLayerFacts sig = CometFactsRegistry<float>::Of(SigmoidLayer<float>(lp), bottom, top);
+  const CometLayerFacts tanh = CometFactsRegistry<float>::Of(TanHLayer<float>(lp), bottom, top);
+  const CometLayerFacts soft = CometFactsRegistry<float>::Of(SoftmaxLayer<float>(lp), bottom, top);
+  EXPECT_EQ(sig.derivative, CometLayerFacts::SIGMOID_OF_OUTPUT);
+  EXPECT_EQ(tanh.derivative, CometLayerFacts::TANH_OF_OUTPUT);
+  EXPECT_EQ(soft.derivative, CometLayerFacts::NO_DERIVATIVE);
+  EXPECT_TRUE(sig.lossy_input && tanh.lossy_input);
+  EXPECT_FALSE(soft.lossy_input);
+  EXPECT_FALSE(sig.adaptive || tanh.adaptive);  // no weights: their own rule
+  EXPECT_EQ(sig.read_top(0), COMET_READS_VALUE);
+  EXPECT_EQ(sig.read_bottom(0), COMET_READS_NOTHING);
 }
 
 #ifndef CPU_ONLY

@@ -142,6 +142,44 @@ TEST_F(CometPlanTest, PowerKeepsTheOutputItsBackwardReads) {
   EXPECT_EQ(ActionOf("conv1"), CometActions::KEEP) << "Power's input is read exactly too";
 }
 
+// Sigmoid and TanH compute their derivative from their output: it is stored lossy for them (and
+// for the layer above that reads it), under the derivative rule; a Sigmoid whose only backward
+// reader is itself is stored for it alone. compress_type without them keeps them dense.
+TEST_F(CometPlanTest, SigmoidAndTanHOutputsAreLossyUnderTheDerivativeRule) {
+  const std::string net =
+      Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+      "layer { name: 'sig1' type: 'Sigmoid' bottom: 'conv1' top: 'sig1' } " + Conv("conv2", "sig1", 4) +
+      InPlace("tanh2", "TanH", "conv2") +
+      "layer { name: 'pool' type: 'Pooling' bottom: 'conv2' top: 'pool' pooling_param { pool: AVE "
+      "kernel_size: 2 stride: 2 } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
+      "num_output: 3" + kFill + "} } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  Build(net);
+  EXPECT_EQ(ActionOf("conv1"), CometActions::RELEASE) << "Sigmoid reads its output, not its input";
+  ASSERT_EQ(ActionOf("sig1"), CometActions::LOSSY);
+  const CometPlanEntry* s = EntryOf("sig1");
+  EXPECT_EQ(s->name, "sig1+conv2");  // its readers in the net's order
+  ASSERT_EQ(s->eb_layers.size(), 2u);
+  EXPECT_EQ(plan_.bounds[s->eb_layers[0]].rule, CometPlanBound::DERIVATIVE);
+  EXPECT_EQ(plan_.bounds[s->eb_layers[0]].layer, "sig1");
+  EXPECT_TRUE(plan_.bounds[s->eb_layers[0]].adapt);
+  EXPECT_EQ(plan_.bounds[s->eb_layers[1]].rule, CometPlanBound::WEIGHT_GRADIENT);
+  EXPECT_EQ(s->last_backward, Layer("sig1"));
+  // TanH in place: conv2's blob holds its output, read by TanH's backward alone (average pooling
+  // reads nothing)
+  ASSERT_EQ(ActionOf("conv2"), CometActions::LOSSY);
+  const CometPlanEntry* t = EntryOf("conv2");
+  ASSERT_EQ(t->eb_layers.size(), 1u);
+  EXPECT_EQ(plan_.bounds[t->eb_layers[0]].rule, CometPlanBound::DERIVATIVE);
+  EXPECT_EQ(t->last_forward, Layer("pool"));
+  EXPECT_EQ(t->last_backward, Layer("tanh2"));
+
+  Build(net, "compress_type: 'Convolution' compress_type: 'InnerProduct'");
+  EXPECT_EQ(ActionOf("sig1"), CometActions::KEEP) << "Sigmoid's read is not lossy unless chosen";
+  EXPECT_EQ(ActionOf("conv2"), CometActions::KEEP);
+}
+
 // A residual block: Convolution, BatchNorm, Scale and ReLU in place on one blob, a shortcut
 // through Split, Eltwise SUM, ReLU in place, global average pooling.
 TEST_F(CometPlanTest, AResidualBlockMasksAndCompressesWhatItCan) {
