@@ -7,7 +7,9 @@ then with one:
   googlenet: upstream's GoogLeNet (models/bvlc_googlenet in the patched tree: Inception branches
       through Split and Concat, three losses),
   cifar10_sigmoid: upstream's CIFAR-10 net with Sigmoid and BatchNorm without Scale
-      (examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt), on random 32x32 crops.
+      (examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt), on random 32x32 crops,
+  cifar10_prelu: upstream's CIFAR-10 quick net with its ReLUs made PReLUs (in place), on random
+      32x32 crops.
 Its input is either
   --data images (default): the shipped Data layer reading the embedded synthetic dataset, made once at
       256x256 (`cometctl prepare-dogs --synthetic --size 256`; picture-like content, as in real
@@ -19,7 +21,8 @@ benchmark's own memory does not count). Reported per run: peak RSS, the store's 
 storage (COMET runs), seconds per iteration after warm-up (wall clock, median), and the CPU seconds
 (user + system) of the whole run, which another tenant's load on a shared machine disturbs less.
 
-    scripts/bench_memory [--model caffenet|resnet|googlenet|cifar10_sigmoid] [--batches 64 256]
+    scripts/bench_memory [--model caffenet|resnet|googlenet|cifar10_sigmoid|cifar10_prelu]
+                         [--batches 64 256]
                          [--iters 3]
                          [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
                          [--sync] [--also "FIELD: VALUE"] [--set "FIELD: VALUE"] [--gpu 0]
@@ -91,8 +94,11 @@ MODELS = {
     "googlenet": ("GoogLeNet", "upstream", "models/bvlc_googlenet/train_val.prototxt"),
     "cifar10_sigmoid": ("CIFAR-10 (Sigmoid, BatchNorm)", "upstream",
                         "examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt"),
+    "cifar10_prelu": ("CIFAR-10 quick (ReLUs as PReLUs)", "upstream",
+                      "examples/cifar10/cifar10_quick_train_test.prototxt"),
 }
-CROP = {"cifar10_sigmoid": 32}  # nets without a crop of their own that expect a smaller input
+CROP = {"cifar10_sigmoid": 32, "cifar10_prelu": 32}  # nets without a crop of their own, for 32x32
+PRELU = {"cifar10_prelu"}  # nets whose ReLUs become PReLUs
 
 
 def model_file(model: str, variant: str | None) -> Path:
@@ -105,7 +111,7 @@ def model_file(model: str, variant: str | None) -> Path:
 
 def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path,
              frozen_before: str | None = None, bn_global_stats: bool = False,
-             crop: int | None = None) -> str:
+             crop: int | None = None, prelu: bool = False) -> str:
     net = pb2.NetParameter()
     text_format.Merge(model_path.read_text(), net)
     layers = []
@@ -129,6 +135,9 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
             p.data_filler.add(type="gaussian", std=50)
             p.data_filler.add(type="uniform", min=0, max=119)
             layer = dummy
+        if prelu and layer.type == "ReLU":
+            layer.type = "PReLU"
+            layer.ClearField("relu_param")
         layers.append(layer)
     if frozen_before:
         try:
@@ -238,14 +247,14 @@ def main() -> int:
         weights = None
         if args.bn_global_stats:  # statistics as a fine-tuned net starts from: a few real batches' averages
             stats = make_net(pb2, text_format, args.batches[0], images, model_path, args.freeze_before,
-                             crop=CROP.get(args.model))
+                             crop=CROP.get(args.model), prelu=args.model in PRELU)
             run(caffe, work, "statistics", stats, None, 3, args.gpu, snapshot=True)
             weights = work / "statistics_iter_3.caffemodel"
             print(f"BatchNorm statistics of 3 training iterations at batch {args.batches[0]}: {weights.name}",
                   flush=True)
         for batch in args.batches:
             net = make_net(pb2, text_format, batch, images, model_path, args.freeze_before, args.bn_global_stats,
-                           crop=CROP.get(args.model))
+                           crop=CROP.get(args.model), prelu=args.model in PRELU)
             modes = ["off"] + list(blocks)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike

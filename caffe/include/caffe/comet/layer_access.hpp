@@ -10,6 +10,7 @@
 #include "caffe/layers/dropout_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
 #include "caffe/layers/pooling_layer.hpp"
+#include "caffe/layers/prelu_layer.hpp"
 #include "caffe/layers/scale_layer.hpp"
 #include "caffe/util/math_functions.hpp"
 
@@ -66,6 +67,17 @@ class CometLayerAccess {
   static Blob<Dtype>* bn_x_norm(Layer<Dtype>* layer) {
     BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer);
     return bn ? &bn->x_norm_ : NULL;
+  }
+  // In-place PReLU's copy of its input (its backward reads it, patch 0035), else NULL.
+  static Blob<Dtype>* prelu_copy(Layer<Dtype>* layer) {
+    PReLULayer<Dtype>* p = dynamic_cast<PReLULayer<Dtype>*>(layer);
+    return p ? &p->bottom_memory_ : NULL;
+  }
+  // The private buffer a layer's LOSSY (or KEEP) entry stores: BatchNorm's x_norm_ or in-place
+  // PReLU's copy.
+  static Blob<Dtype>* lossy_buffer(Layer<Dtype>* layer) {
+    Blob<Dtype>* b = bn_x_norm(layer);
+    return b ? b : prelu_copy(layer);
   }
   // After BatchNorm's forward: its per-channel standard deviation (variance_ holds it).
   static const Blob<Dtype>* bn_std(Layer<Dtype>* layer) {

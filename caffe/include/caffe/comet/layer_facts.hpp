@@ -29,14 +29,17 @@ enum CometRead {
 struct CometLayerFacts {
   // BN_TEMP: BatchNorm's temp_, its standard deviation broadcast to every element (rebuilt from
   // the per-channel values). SCALE_COPY: in-place Scale's temp_, a copy of its input (rebuilt
-  // from the BatchNorm output it was copied from).
-  enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE, BN_TEMP, SCALE_COPY };
+  // from the BatchNorm output it was copied from). PRELU_COPY: in-place PReLU's bottom_memory_,
+  // a copy of its input (its backward reads it, patch 0035: lossy, with the signs exact).
+  enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE, BN_TEMP, SCALE_COPY,
+                 PRELU_COPY };
   // Backward computes f'(x) from its output y alone: Sigmoid y (1 - y), TanH 1 - y^2. An error e
   // in y moves it by about e (1 - 2y) or -2 y e, which the derivative rule of docs/comet.md bounds.
   enum Derivative { NO_DERIVATIVE = 0, SIGMOID_OF_OUTPUT, TANH_OF_OUTPUT };
   CometLayerFacts()
-      : known(false), lossy_input(false), adaptive(false), relu_from_mask(false),
-        fills_whole(false), private_buffer(NO_PRIVATE), derivative(NO_DERIVATIVE) {}
+      : known(false), lossy_input(false), adaptive(false), exact_sign(false),
+        relu_from_mask(false), fills_whole(false), private_buffer(NO_PRIVATE),
+        derivative(NO_DERIVATIVE) {}
 
   bool known;                    // false: no row for the class; it reads every bottom and top
   std::vector<CometRead> bottom;  // Backward's use of bottom[k]'s data
@@ -50,6 +53,9 @@ struct CometLayerFacts {
   // Its weight gradient is sum x (x) dy with weights of shape (outputs, ...): the adaptive bound
   // rule of docs/comet.md applies (Convolution, InnerProduct, and Scale for BatchNorm's x_norm_).
   bool adaptive;
+  // Its lossy value reads also ask x > 0, which must stay exact (PReLU: dx = dy for x > 0, a dy
+  // else): the store keeps a sign mask beside the stream, as for ReLU.
+  bool exact_sign;
   // ReLU: the store may compute Backward itself from the input's sign mask, bit for bit.
   bool relu_from_mask;
   // Forward writes every value of each top it does not share with a bottom, and Backward every

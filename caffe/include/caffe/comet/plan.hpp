@@ -37,10 +37,11 @@ struct CometPlanEntry : public CometActions {
   Action action;
   // A private buffer: which one, named by the action that stores it when its layer runs backward
   // (ARGMAX, BINARY: Dropout's mask, RECOMPUTE: LRN's scale, REBUILD: BatchNorm's temp_ or
-  // Scale's copy, KEEP or LOSSY: BatchNorm's x_norm_). `action` is the same, but RELEASE for a
-  // layer that runs no backward: nobody reads its buffers after its forward.
+  // Scale's copy, KEEP or LOSSY: BatchNorm's x_norm_ or in-place PReLU's copy of its input).
+  // `action` is the same, but RELEASE for a layer that runs no backward: nobody reads its
+  // buffers after its forward.
   Action buffer;
-  bool signs;                  // LOSSY read by ReLU too: a sign mask is stored alongside
+  bool signs;                  // LOSSY read by ReLU or PReLU too: a sign mask is stored alongside
   int last_forward;            // compress/release after this layer's forward
   int last_backward;           // free again after this layer's backward (-1: none)
   std::vector<int> eb_layers;  // LOSSY: indices into the plan's bounds of the layers reading it

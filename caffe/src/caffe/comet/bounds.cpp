@@ -179,7 +179,8 @@ void CometBounds<Dtype>::MeasureWeightErrors(int layer) {
   } else {
     double s = 0;
     for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
-    measured_[layer] = CometIndependentWeightError(s, l->blobs()[0]->shape(0), 1.);
+    const Blob<Dtype>& w = *l->blobs()[0];  // PReLU's channel_shared slope is a 0-D blob
+    measured_[layer] = CometIndependentWeightError(s, w.num_axes() ? w.shape(0) : 1, 1.);
   }
   sample = CometErrorSample();  // used once: the next measuring iteration samples again
 }

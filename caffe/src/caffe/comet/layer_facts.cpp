@@ -159,8 +159,19 @@ void PowerRow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f)
   if (p.power() != 2) f->top[0] = COMET_READS_VALUE;  // power * y / x, or with a shift
 }
 
-// In place, Scale keeps a copy of its input of its own and reads that. (PReLU in place does too,
-// but fetches the blob's data first, so its row is ReadsBottom.)
+// In place, Scale keeps a copy of its input of its own and reads that.
+
+// PReLU: dx = dy (x > 0 ? 1 : a) and da = sum over x <= 0 of x dy per channel (one sum with
+// channel_shared): the values within a bound under the weight rule, the signs exactly. In place
+// it reads its own copy of the input, not the blob (patch 0035).
+template <typename Dtype>
+void PReLURow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f) {
+  if (s.in_place) f->private_buffer = CometLayerFacts::PRELU_COPY;
+  else f->bottom[0] = COMET_READS_VALUE;
+  f->lossy_input = true;
+  f->adaptive = true;
+  f->exact_sign = true;
+}
 
 template <typename Dtype>
 void ScaleRow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f) {
@@ -372,7 +383,7 @@ REGISTER_COMET_FACTS("InnerProduct", InnerProductLayer, WeightedLinear);
 REGISTER_COMET_FACTS("Deconvolution", DeconvolutionLayer, ReadsBottom);
 REGISTER_COMET_FACTS("Embed", EmbedLayer, EmbedRow);
 REGISTER_COMET_FACTS("ReLU", ReLULayer, ReLURow);
-REGISTER_COMET_FACTS("PReLU", PReLULayer, ReadsBottom);
+REGISTER_COMET_FACTS("PReLU", PReLULayer, PReLURow);
 REGISTER_COMET_FACTS("AbsVal", AbsValLayer, ReadsBottom);
 REGISTER_COMET_FACTS("BNLL", BNLLLayer, ReadsBottom);
 REGISTER_COMET_FACTS("Clip", ClipLayer, ReadsBottom);

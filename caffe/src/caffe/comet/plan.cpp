@@ -126,6 +126,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     lossy_types.insert("BatchNorm");
     lossy_types.insert("Sigmoid");
     lossy_types.insert("TanH");
+    lossy_types.insert("PReLU");
   }
 
   // Blobs whose data the store never touches: what callers read or set from outside (inputs,
@@ -199,7 +200,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         readers[g].push_back(i);
         last_bwd[g] = std::min(last_bwd[g], i);
         if (read != COMET_READS_SIGN) sign_only[g] = false;
-        if (read == COMET_READS_SIGN) any_sign[g] = true;
+        if (read == COMET_READS_SIGN || f.exact_sign) any_sign[g] = true;
         if (read == COMET_READS_VALUE && !layer_lossy) lossy_ok[g] = false;
       }
     }
@@ -304,6 +305,17 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         if (!runs_backward) break;  // freed after its forward, whoever wrote its input
         if (writer < 0 || plan.facts[writer].private_buffer != CometLayerFacts::BN_TEMP) continue;
         e.source = writer;
+        break;
+      }
+      case CometLayerFacts::PRELU_COPY: {
+        // In-place PReLU's copy of its input: lossy with its signs exact, under PReLU's weight
+        // rule (its slope's gradient), or kept dense and counted.
+        e.blob = e.name + " copy";
+        e.action = CometActions::KEEP;
+        if (!runs_backward || !LossyAllowed(net.layers()[i]->layer_param(), lossy_types)) break;
+        e.action = CometActions::LOSSY;
+        e.signs = true;
+        e.eb_layers.push_back(BoundOf(&plan, net, param, i, CometPlanBound::WEIGHT_GRADIENT));
         break;
       }
       default: continue;

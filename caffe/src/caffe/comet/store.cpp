@@ -35,7 +35,7 @@ SyncedMemory* PrivateBufferOf(Layer<Dtype>* layer, CometActions::Action buffer) 
     case CometActions::RECOMPUTE: return CometLayerAccess<Dtype>::lrn_scale(layer)->data().get();
     case CometActions::REBUILD: return CometLayerAccess<Dtype>::rebuildable(layer)->data().get();
     case CometActions::KEEP:
-    case CometActions::LOSSY: return CometLayerAccess<Dtype>::bn_x_norm(layer)->data().get();
+    case CometActions::LOSSY: return CometLayerAccess<Dtype>::lossy_buffer(layer)->data().get();
     default: LOG(FATAL) << "COMET: " << CometActions::ActionName(buffer)
                         << " names no private buffer of a layer";
   }
@@ -910,14 +910,25 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
   const size_t count = e->action == ARGMAX ? CometLayerAccess<Dtype>::argmax(l)->count()
                        : e->action == BINARY ? CometLayerAccess<Dtype>::dropout_mask(l)->count()
                        : 0;
-  if (e->action == LOSSY) {  // BatchNorm's x_norm_
+  if (e->action == LOSSY) {  // BatchNorm's x_norm_, in-place PReLU's copy (with its signs)
     const float* data = reinterpret_cast<const float*>(dev ? mem->gpu_data() : mem->cpu_data());
     float eb = bounds_.ForEntry(*e);
     if (e->rebuilds >= 0 && !dev) eb = std::min(eb, RebuildBound(*e));
     e->eb_sum += eb;
-    const std::vector<int> shape = CometLayerAccess<Dtype>::bn_x_norm(l)->shape();
+    const Blob<Dtype>* buffer = CometLayerAccess<Dtype>::lossy_buffer(l);
+    const std::vector<int> shape = buffer->shape();
+    const size_t values = buffer->count();
     if (measuring_) bounds_.NoteStoredInput(*e, data, dev, shape, eb);
-    job->work = [=](Job* j) { j->payload = CometEncodeLossy(data, shape, dev, eb, name, &j->error); };
+    const bool signs = e->signs;
+    job->work = [=](Job* j) {
+      j->payload = CometEncodeLossy(data, shape, dev, eb, name, &j->error);
+      if (!j->payload || !signs) return;
+      j->payload->sign_mask = CometEncodeMask(data, values, dev, name);
+      if (j->payload->sign_mask) return;
+      j->payload.reset();
+      j->note = name + " holds NaN or Inf; kept dense this iteration (PReLU needs its exact "
+                "sign)";
+    };
   } else {
     const void* data = dev ? mem->gpu_data() : mem->cpu_data();
     const std::string note = name + " holds a value its code cannot express (a max over NaN); "
@@ -983,8 +994,8 @@ void CometStore<Dtype>::AfterForward(int layer) {
         j->payload->sign_mask = CometEncodeMask(data, count, dev, name);
         if (j->payload->sign_mask) return;
         j->payload.reset();
-        j->note = "blob " + name + " holds NaN or Inf; kept dense this iteration (ReLU needs "
-                  "its exact sign)";
+        j->note = "blob " + name + " holds NaN or Inf; kept dense this iteration (ReLU or "
+                  "PReLU needs its exact sign)";
       };
       job->work = lossy;
       if (e.rebuild_from >= 0 && !dev) job->work = RebuildOrLossy(e, blob, eb, lossy);

@@ -1941,10 +1941,39 @@ class CometStoreTest : public ::testing::Test {
     s->Step(n);
   }
 
+  // One more step's gradients of `on` and `off` from on's weights and the same batch.
+  static void StepBothFromTheSameWeights(Solver<float>* on, Solver<float>* off) {
+    const std::vector<Blob<float>*>& pa = on->net()->learnable_params();
+    const std::vector<Blob<float>*>& pb = off->net()->learnable_params();
+    for (int i = 0; i < pa.size(); ++i)
+      caffe_copy(pa[i]->count(), pa[i]->cpu_data(), pb[i]->mutable_cpu_data());
+    for (int k = 0; k < 2; ++k) {
+      caffe::Net<float>* n = (k ? off : on)->net().get();
+      n->ClearParamDiffs();
+      Caffe::set_random_seed(7);
+      n->Forward();
+      n->Backward();
+    }
+  }
+
+  // ||dW_on - dW_off|| / ||dW_off|| of a layer's first blob (-1 when off's gradient is zero).
+  static double WeightGradientError(Solver<float>* on, Solver<float>* off, const char* layer) {
+    const Blob<float>* a = on->net()->layer_by_name(layer)->blobs()[0].get();
+    const Blob<float>* b = off->net()->layer_by_name(layer)->blobs()[0].get();
+    double d = 0, r = 0;
+    for (int j = 0; j < a->count(); ++j) {
+      d += (a->cpu_diff()[j] - b->cpu_diff()[j]) * (a->cpu_diff()[j] - b->cpu_diff()[j]);
+      r += b->cpu_diff()[j] * b->cpu_diff()[j];
+    }
+    return r > 0 ? std::sqrt(d / r) : -1;
+  }
+
   // NaN, Inf and huge values through every pooling method, and training into NaN (defined below).
   void CheckNaNThroughPooling();
   // Sigmoid and TanH outputs stored under the derivative rule (defined below).
   void CheckSigmoidAndTanH();
+  // PReLU's inputs lossy with their signs exact (defined below).
+  void CheckPReLU();
 
   // conv, ReLU, max pooling with overlapping windows, LRN across channels, Dropout: a net with
   // every kind of layer-private buffer the store keeps (Caffe's engines, named).
@@ -3486,30 +3515,77 @@ TEST_F(CometStoreTest, BatchNormAloneKeepsTheWeightGradientsBelowItNearTheTarget
     EXPECT_LE(on->comet()->bound(bn), 1.05 * kCometBoundPerStoredStd) << bn << ": x_norm_'s std is 1";
   }
   // One more step's gradients from the same weights and batch, COMET on and off.
-  const std::vector<Blob<float>*>& pa = on->net()->learnable_params();
-  const std::vector<Blob<float>*>& pb = off->net()->learnable_params();
-  for (int i = 0; i < pa.size(); ++i)
-    caffe_copy(pa[i]->count(), pa[i]->cpu_data(), pb[i]->mutable_cpu_data());
-  for (int k = 0; k < 2; ++k) {
-    caffe::Net<float>* net_k = (k ? off : on)->net().get();
-    net_k->ClearParamDiffs();
-    Caffe::set_random_seed(7);
-    net_k->Forward();
-    net_k->Backward();
-  }
+  StepBothFromTheSameWeights(on.get(), off.get());
   for (int i = 0; i < 2; ++i) {
-    const Blob<float>* a = on->net()->layer_by_name(body[2 * i])->blobs()[0].get();
-    const Blob<float>* b = off->net()->layer_by_name(body[2 * i])->blobs()[0].get();
-    double d = 0, r = 0;
-    for (int j = 0; j < a->count(); ++j) {
-      d += (a->cpu_diff()[j] - b->cpu_diff()[j]) * (a->cpu_diff()[j] - b->cpu_diff()[j]);
-      r += b->cpu_diff()[j] * b->cpu_diff()[j];
-    }
-    ASSERT_GT(r, 0) << body[2 * i];
+    const double error = WeightGradientError(on.get(), off.get(), body[2 * i]);
+    ASSERT_GE(error, 0) << body[2 * i];
     // twice the target (errors from several rules add up); 10% and 16% without the cap
-    EXPECT_LT(std::sqrt(d / r), 0.1) << body[2 * i] << "'s weight gradient, at a target of 5%";
+    EXPECT_LT(error, 0.1) << body[2 * i] << "'s weight gradient, at a target of 5%";
   }
 }
+
+// PReLU, in place (its copy of the input stored lossy) and not (its input blob stored lossy), with
+// the signs kept exact beside the streams: PReLU's input gradient dy (x > 0 ? 1 : a) depends on
+// the signs alone, so every data gradient of a step is bit for bit COMET off's, while the weight
+// and slope gradients (from lossy values) differ a little.
+void CometStoreTest::CheckPReLU() {
+  const std::string net =
+      "name: 'prelu' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
+      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3.99 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+      "num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.2 } } } "
+      "layer { name: 'prelu1' type: 'PReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2' convolution_param { "
+      "num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.2 } } } "
+      "layer { name: 'prelu2' type: 'PReLU' bottom: 'conv2' top: 'p2' "
+      "prelu_param { channel_shared: true } } "
+      "layer { name: 'pool' type: 'Pooling' bottom: 'p2' top: 'pool' pooling_param { pool: MAX "
+      "kernel_size: 2 stride: 2 } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
+      "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01");
+  shared_ptr<Solver<float> > on = SolverFor(
+      net, "comet { eb_mode: ADAPTIVE update_interval: 1 release_diffs: false tiled_gemm: false }",
+      "0.01");
+  shared_ptr<Solver<float> > dense = SolverFor(
+      net, "comet { eb_mode: ADAPTIVE update_interval: 1 compress_type: 'Convolution' "
+           "compress_type: 'InnerProduct' tiled_gemm: false }", "0.01");
+  Run(off.get(), 3);
+  Run(on.get(), 3);
+  Run(dense.get(), 3);
+  // what the store did with them
+  int lossy_signed = 0;
+  for (int e = 0; e < on->comet()->entries().size(); ++e) {
+    const CometStore<float>::Entry& en = on->comet()->entries()[e];
+    if (en.blob == "prelu1 copy" || en.blob == "conv2") {
+      EXPECT_EQ(en.action, CometStore<float>::LOSSY) << en.blob;
+      EXPECT_TRUE(en.signs) << en.blob;
+      lossy_signed += en.action == CometStore<float>::LOSSY && en.signs;
+    }
+  }
+  EXPECT_EQ(lossy_signed, 2) << "prelu1's copy and prelu2's input, each with its sign mask";
+  EXPECT_LT(on->comet()->memory().peak[CometMemory::ACTIVATIONS],
+            dense->comet()->memory().peak[CometMemory::ACTIVATIONS]);
+  // One more step from the same weights and batch: data gradients exact, weight gradients close.
+  StepBothFromTheSameWeights(on.get(), off.get());
+  const char* blobs[] = {"conv1", "conv2", "p2"};
+  for (int b = 0; b < 3; ++b) {
+    const Blob<float>* x = on->net()->blob_by_name(blobs[b]).get();
+    const Blob<float>* y = off->net()->blob_by_name(blobs[b]).get();
+    for (int i = 0; i < x->count(); ++i)
+      ASSERT_EQ(x->cpu_diff()[i], y->cpu_diff()[i]) << "gradient of " << blobs[b] << " at " << i;
+  }
+  const char* layers[] = {"prelu1", "prelu2", "conv2"};
+  for (int l = 0; l < 3; ++l) {
+    const double error = WeightGradientError(on.get(), off.get(), layers[l]);
+    EXPECT_GT(error, 0) << layers[l] << ": its input was lossy, its gradient cannot be exact";
+    EXPECT_LT(error, 0.1) << layers[l] << " at " << on->comet()->bound(layers[l]);
+  }
+}
+
+TEST_F(CometStoreTest, PReLUInputsAreLossyWithExactSigns) { CheckPReLU(); }
 
 TEST_F(CometStoreTest, SigmoidAndTanHOutputsAreStoredUnderTheirOwnBound) {
   CheckSigmoidAndTanH();
@@ -3798,6 +3874,7 @@ TEST_F(CometGPUTest, BuffersOfFrozenLayersAreFreedAfterTheirForward) {
   CheckFrozenLayersBuffers();
 }
 TEST_F(CometGPUTest, GlobalStatisticsBatchNormKeepsNoDenseXNorm) { CheckGlobalStatistics(); }
+TEST_F(CometGPUTest, PReLUInputsAreLossyWithExactSigns) { CheckPReLU(); }
 TEST_F(CometGPUTest, SigmoidAndTanHOutputsAreStoredUnderTheirOwnBound) {
   CheckSigmoidAndTanH();
 }

@@ -180,6 +180,38 @@ TEST_F(CometPlanTest, SigmoidAndTanHOutputsAreLossyUnderTheDerivativeRule) {
   EXPECT_EQ(ActionOf("conv2"), CometActions::KEEP);
 }
 
+// PReLU reads its input's values (its slope's gradient) and exact signs (its input gradient): in
+// place its own copy of the input (patch 0035), lossy with a sign mask under its weight rule, the
+// blob being read by the next layer alone; not in place, its input blob, lossy with a sign mask.
+TEST_F(CometPlanTest, PReLUInputsAreLossyWithTheirSigns) {
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+        InPlace("prelu1", "PReLU", "conv1") + Conv("conv2", "conv1", 4) +
+        "layer { name: 'prelu2' type: 'PReLU' bottom: 'conv2' top: 'p2' } "
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'p2' top: 'ip' inner_product_param { "
+        "num_output: 3" + kFill + "} } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ");
+  ASSERT_EQ(ActionOf("conv1"), CometActions::LOSSY);
+  EXPECT_FALSE(EntryOf("conv1")->signs) << "the blob holds PReLU's output, read by conv2 only";
+  ASSERT_EQ(ActionOf("conv2"), CometActions::LOSSY);
+  EXPECT_TRUE(EntryOf("conv2")->signs);
+  EXPECT_EQ(EntryOf("conv2")->name, "prelu2");
+  EXPECT_EQ(plan_.bounds[EntryOf("conv2")->eb_layers[0]].rule, CometPlanBound::WEIGHT_GRADIENT);
+  EXPECT_TRUE(plan_.bounds[EntryOf("conv2")->eb_layers[0]].adapt) << "a slope's gradient";
+  int copies = 0;
+  for (int e = 0; e < plan_.entries.size(); ++e) {
+    const CometPlanEntry& en = plan_.entries[e];
+    if (en.layer != Layer("prelu1")) continue;
+    ++copies;
+    EXPECT_EQ(en.blob, "prelu1 copy");
+    EXPECT_EQ(en.action, CometActions::LOSSY);
+    EXPECT_TRUE(en.signs);
+    ASSERT_EQ(en.eb_layers.size(), 1u);
+    EXPECT_EQ(plan_.bounds[en.eb_layers[0]].layer, "prelu1");
+    EXPECT_EQ(en.last_backward, Layer("prelu1"));
+  }
+  EXPECT_EQ(copies, 1);
+}
+
 // A residual block: Convolution, BatchNorm, Scale and ReLU in place on one blob, a shortcut
 // through Split, Eltwise SUM, ReLU in place, global average pooling.
 TEST_F(CometPlanTest, AResidualBlockMasksAndCompressesWhatItCan) {
