@@ -33,9 +33,10 @@ struct CometLayerFacts {
   // a copy of its input (its backward reads it, patch 0035: lossy, with the signs exact).
   enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE, BN_TEMP, SCALE_COPY,
                  PRELU_COPY };
-  // Backward computes f'(x) from its output y alone: Sigmoid y (1 - y), TanH 1 - y^2. An error e
-  // in y moves it by about e (1 - 2y) or -2 y e, which the derivative rule of docs/comet.md bounds.
-  enum Derivative { NO_DERIVATIVE = 0, SIGMOID_OF_OUTPUT, TANH_OF_OUTPUT };
+  // Backward computes f'(x) from its output y: Sigmoid y (1 - y), TanH 1 - y^2, ELU alpha + y
+  // where x <= 0 (1 elsewhere, from x's sign). An error e in y moves it by about e (1 - 2y),
+  // -2 y e or e, which the derivative rule of docs/comet.md bounds.
+  enum Derivative { NO_DERIVATIVE = 0, SIGMOID_OF_OUTPUT, TANH_OF_OUTPUT, ELU_OF_OUTPUT };
   CometLayerFacts()
       : known(false), lossy_input(false), adaptive(false), exact_sign(false),
         relu_from_mask(false), fills_whole(false), private_buffer(NO_PRIVATE),

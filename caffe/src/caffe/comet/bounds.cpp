@@ -313,21 +313,23 @@ double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
          std::sqrt(n * n * dyy + n * xx * dd);
 }
 
-// Sigmoid and TanH compute dx = dy f'(y) from their output y: f' = y (1 - y) or 1 - y^2. An
-// error e in y (|e| <= eb, uniform) moves f' by e (1 - 2y) - e^2 or -(2 y e + e^2); to first
-// order the RMS error of dx is eb sqrt(E[dy^2 g^2] / 3), g = 1 - 2y or 2y (each element's error
-// is its own: nothing sums errors over values, so their correlation does not matter). Returns
-// that per unit of bound, from the y the backward is about to read. The e^2 term stays below
-// eb times the first one wherever |g| >= eb (for Sigmoid, y no nearer 0.5 than eb / 2).
+// Sigmoid, TanH and ELU compute dx = dy f'(y) from their output y: f' = y (1 - y), 1 - y^2, or
+// alpha + y where x <= 0 (ELU; 1 elsewhere, from x's exact sign). An error e in y (|e| <= eb,
+// uniform) moves f' by e (1 - 2y) - e^2, -(2 y e + e^2) or e; to first order the RMS error of dx
+// is eb sqrt(E[dy^2 g^2] / 3), g = 1 - 2y, 2y, or 1 where y <= 0 and 0 elsewhere (each element's
+// error is its own: nothing sums errors over values, so their correlation does not matter).
+// Returns that per unit of bound, from the y the backward is about to read. The e^2 term stays
+// below eb times the first one wherever |g| >= eb (for Sigmoid, y no nearer 0.5 than eb / 2).
 template <typename Dtype>
 double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) const {
   const Blob<Dtype>* y = net_->top_vecs()[layer][0];
-  const bool sigmoid = net_->layers()[layer]->type() == std::string("Sigmoid");  // else TanH
+  const std::string type = net_->layers()[layer]->type();
+  const int kind = type == "Sigmoid" ? 0 : type == "TanH" ? 1 : 2;  // else ELU
   const Dtype* yd = y->cpu_data();
   const Dtype* dy = y->cpu_diff();
   double sum = 0, m1 = 0, m2 = 0;
   for (int i = 0; i < y->count(); ++i) {
-    const double g = sigmoid ? 1. - 2. * yd[i] : 2. * yd[i];
+    const double g = kind == 0 ? 1. - 2. * yd[i] : kind == 1 ? 2. * yd[i] : yd[i] <= 0;
     sum += static_cast<double>(dy[i]) * dy[i] * g * g;
     m1 += yd[i];
     m2 += static_cast<double>(yd[i]) * yd[i];

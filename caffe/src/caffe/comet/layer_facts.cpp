@@ -129,6 +129,16 @@ void TanHRow(const Layer<Dtype>& l, const CometLayerShape& s, CometLayerFacts* f
   f->derivative = CometLayerFacts::TANH_OF_OUTPUT;
 }
 
+// ELU: dx = dy where x > 0, dy (alpha + y) elsewhere: its input's sign only (in place the blob
+// holds y, whose sign is x's), and its output's values, lossy under the derivative rule.
+template <typename Dtype>
+void ELURow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
+  All(&f->bottom, COMET_READS_SIGN);
+  All(&f->top, COMET_READS_VALUE);
+  f->lossy_input = true;
+  f->derivative = CometLayerFacts::ELU_OF_OUTPUT;
+}
+
 template <typename Dtype>
 void ReadsBoth(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
   All(&f->bottom, COMET_READS_VALUE);
@@ -394,7 +404,7 @@ REGISTER_COMET_FACTS("TanH", TanHLayer, TanHRow);
 REGISTER_COMET_FACTS("Exp", ExpLayer, ReadsTop);
 REGISTER_COMET_FACTS("Softmax", SoftmaxLayer, ReadsTop);
 REGISTER_COMET_FACTS("Swish", SwishLayer, ReadsTop);
-REGISTER_COMET_FACTS("ELU", ELULayer, ReadsBoth);
+REGISTER_COMET_FACTS("ELU", ELULayer, ELURow);
 REGISTER_COMET_FACTS("MVN", MVNLayer, ReadsBoth);
 REGISTER_COMET_FACTS("LRN", LRNLayer, LRNRow);
 REGISTER_COMET_FACTS("Pooling", PoolingLayer, PoolingRow);

@@ -45,6 +45,7 @@
 #include "caffe/filler.hpp"
 #include "caffe/layers/batch_norm_layer.hpp"
 #include "caffe/layers/conv_layer.hpp"
+#include "caffe/layers/elu_layer.hpp"
 #include "caffe/layers/inner_product_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
 #include "caffe/layers/pooling_layer.hpp"
@@ -1123,12 +1124,12 @@ TEST_F(CometPayloadTest, BatchNormInputGradientErrorMatchesTheDerivation) {
   EXPECT_LT(rms, 1.2 * predicted);
 }
 
-// Sigmoid and TanH compute dx = dy f'(y) from their output y. An error e in y, uniform in
-// [-eb, eb], moves dx by an RMS of eb sqrt(E[dy^2 g^2] / 3), g = 1 - 2y (Sigmoid) or 2y (TanH),
-// the derivative rule's estimate (bounds.cpp, DerivativeErrorPerBound); sz's errors at the same
-// bound stay within it.
-TEST_F(CometPayloadTest, SigmoidAndTanHGradientErrorMatchesTheDerivation) {
-  for (int is_tanh = 0; is_tanh < 2; ++is_tanh) {
+// Sigmoid, TanH and ELU compute dx = dy f'(y) from their output y. An error e in y, uniform in
+// [-eb, eb], moves dx by an RMS of eb sqrt(E[dy^2 g^2] / 3), g = 1 - 2y (Sigmoid), 2y (TanH) or
+// 1 where y <= 0 (ELU), the derivative rule's estimate (bounds.cpp, DerivativeErrorPerBound);
+// sz's errors at the same bound stay within it.
+TEST_F(CometPayloadTest, SigmoidTanHAndELUGradientErrorMatchesTheDerivation) {
+  for (int kind = 0; kind < 3; ++kind) {  // Sigmoid, TanH, ELU
     Blob<float> bottom(4, 6, 10, 10), top;
     std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
     FillerParameter wide;
@@ -1136,8 +1137,9 @@ TEST_F(CometPayloadTest, SigmoidAndTanHGradientErrorMatchesTheDerivation) {
     GaussianFiller<float>(wide).Fill(&bottom);
     LayerParameter lp;
     shared_ptr<Layer<float> > layer;
-    if (is_tanh) layer.reset(new TanHLayer<float>(lp));
-    else layer.reset(new SigmoidLayer<float>(lp));
+    if (kind == 0) layer.reset(new SigmoidLayer<float>(lp));
+    if (kind == 1) layer.reset(new TanHLayer<float>(lp));
+    if (kind == 2) layer.reset(new ELULayer<float>(lp));  // x's sign is read exactly
     layer->SetUp(bv, tv);
     layer->Forward(bv, tv);
     FillerParameter fp;
@@ -1152,7 +1154,7 @@ TEST_F(CometPayloadTest, SigmoidAndTanHGradientErrorMatchesTheDerivation) {
     const std::vector<float> y(top.cpu_data(), top.cpu_data() + top.count());
     double sum = 0;
     for (int i = 0; i < top.count(); ++i) {
-      const double g = is_tanh ? 2. * y[i] : 1. - 2. * y[i];
+      const double g = kind == 0 ? 1. - 2. * y[i] : kind == 1 ? 2. * y[i] : y[i] <= 0;
       sum += static_cast<double>(dy.cpu_data()[i]) * dy.cpu_data()[i] * g * g;
     }
     const double per_eb = std::sqrt(sum / (3. * top.count()));
@@ -1970,8 +1972,8 @@ class CometStoreTest : public ::testing::Test {
 
   // NaN, Inf and huge values through every pooling method, and training into NaN (defined below).
   void CheckNaNThroughPooling();
-  // Sigmoid and TanH outputs stored under the derivative rule (defined below).
-  void CheckSigmoidAndTanH();
+  // Sigmoid, TanH and ELU outputs stored under the derivative rule (defined below).
+  void CheckOutputDerivatives();
   // PReLU's inputs lossy with their signs exact (defined below).
   void CheckPReLU();
 
@@ -3427,10 +3429,11 @@ TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
   EXPECT_FLOAT_EQ(b->comet()->bound("ip1"), eb_ip1);
 }
 
-// A net of Sigmoid and TanH (what upstream's CIFAR-10 Sigmoid example and autoencoders use):
-// their outputs, which their backward reads, are stored lossy under the derivative rule, whose
-// bounds move with adaptive_target as the weight rule's do; training stays close to COMET off.
-void CometStoreTest::CheckSigmoidAndTanH() {
+// A net of Sigmoid, TanH and ELU (upstream's CIFAR-10 Sigmoid example and autoencoders use the
+// first): their outputs, which their backward reads, are stored lossy under the derivative rule
+// (ELU's with its sign mask), whose bounds move with adaptive_target as the weight rule's do;
+// training stays close to COMET off.
+void CometStoreTest::CheckOutputDerivatives() {
   const std::string net =
       "name: 'sig' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
       "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
@@ -3443,6 +3446,7 @@ void CometStoreTest::CheckSigmoidAndTanH() {
       "layer { name: 'tanh2' type: 'TanH' bottom: 'conv2' top: 'conv2' } "
       "layer { name: 'pool' type: 'Pooling' bottom: 'conv2' top: 'pool' pooling_param { pool: AVE "
       "kernel_size: 4 stride: 4 } } "
+      "layer { name: 'elu3' type: 'ELU' bottom: 'pool' top: 'pool' } "
       "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
       "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
       "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
@@ -3460,8 +3464,8 @@ void CometStoreTest::CheckSigmoidAndTanH() {
   Run(tight.get(), 4);
   Run(loose.get(), 4);
   Run(dense.get(), 4);
-  const char* layers[] = {"sig1", "tanh2"};
-  for (int i = 0; i < 2; ++i) {
+  const char* layers[] = {"sig1", "tanh2", "elu3"};
+  for (int i = 0; i < 3; ++i) {
     const float eb = tight->comet()->bound(layers[i]);
     EXPECT_NE(eb, 1e-1f) << layers[i] << ": the derivative rule never moved the bound";
     const double ratio = loose->comet()->bound(layers[i]) / eb;
@@ -3587,8 +3591,8 @@ void CometStoreTest::CheckPReLU() {
 
 TEST_F(CometStoreTest, PReLUInputsAreLossyWithExactSigns) { CheckPReLU(); }
 
-TEST_F(CometStoreTest, SigmoidAndTanHOutputsAreStoredUnderTheirOwnBound) {
-  CheckSigmoidAndTanH();
+TEST_F(CometStoreTest, SigmoidTanHAndELUOutputsAreStoredUnderTheirOwnBound) {
+  CheckOutputDerivatives();
 }
 
 TEST_F(CometStoreTest, ForwardOnlyKeepsBlobsReadable) {
@@ -3875,8 +3879,8 @@ TEST_F(CometGPUTest, BuffersOfFrozenLayersAreFreedAfterTheirForward) {
 }
 TEST_F(CometGPUTest, GlobalStatisticsBatchNormKeepsNoDenseXNorm) { CheckGlobalStatistics(); }
 TEST_F(CometGPUTest, PReLUInputsAreLossyWithExactSigns) { CheckPReLU(); }
-TEST_F(CometGPUTest, SigmoidAndTanHOutputsAreStoredUnderTheirOwnBound) {
-  CheckSigmoidAndTanH();
+TEST_F(CometGPUTest, SigmoidTanHAndELUOutputsAreStoredUnderTheirOwnBound) {
+  CheckOutputDerivatives();
 }
 TEST_F(CometGPUTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
   CheckTheNetOutlivesItsSolver();

@@ -26,6 +26,7 @@
 #include "caffe/filler.hpp"
 #include "caffe/layer_factory.hpp"
 #include "caffe/layers/conv_layer.hpp"
+#include "caffe/layers/elu_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
 #include "caffe/layers/pooling_layer.hpp"
 #include "caffe/layers/relu_layer.hpp"
@@ -127,6 +128,7 @@ Configs AllConfigs() {
   c.Add("PReLU", "type: 'PReLU' prelu_param { filler { type: 'constant' value: 0.3 } }")
       .Bottom(img).InPlace();
   c.Add("ELU", "type: 'ELU'").Bottom(img);
+  c.Add("ELU", "type: 'ELU'").Bottom(img).InPlace();
   c.Add("AbsVal", "type: 'AbsVal'").Bottom(img);
   c.Add("BNLL", "type: 'BNLL'").Bottom(img);
   c.Add("Clip", "type: 'Clip' clip_param { min: -0.5 max: 0.5 }").Bottom(img);
@@ -553,9 +555,9 @@ TEST_F(CometFactsTest, EveryRowHoldsForItsLayer) {
   EXPECT_GT(CheckRows(AllConfigs(), "CPU"), 80);
 }
 
-// Sigmoid and TanH read their output's values, which may be lossy under the derivative rule
+// Sigmoid, TanH and ELU read their output's values, which may be lossy under the derivative rule
 // (the reads themselves are proven with the other rows); Softmax's are kept exact.
-TEST_F(CometFactsTest, SigmoidAndTanHNameTheirDerivative) {
+TEST_F(CometFactsTest, SigmoidTanHAndELUNameTheirDerivative) {
   Blob<float> x(S(2, 3, 5, 5)), y;
   std::vector<Blob<float>*> bottom(1, &x), top(1, &y);
   LayerParameter lp;
@@ -570,6 +572,11 @@ TEST_F(CometFactsTest, SigmoidAndTanHNameTheirDerivative) {
   EXPECT_FALSE(sig.adaptive || tanh.adaptive);  // no weights: their own rule
   EXPECT_EQ(sig.read_top(0), COMET_READS_VALUE);
   EXPECT_EQ(sig.read_bottom(0), COMET_READS_NOTHING);
+  const CometLayerFacts elu = CometFactsRegistry<float>::Of(ELULayer<float>(lp), bottom, top);
+  EXPECT_EQ(elu.derivative, CometLayerFacts::ELU_OF_OUTPUT);
+  EXPECT_TRUE(elu.lossy_input);
+  EXPECT_EQ(elu.read_bottom(0), COMET_READS_SIGN);  // where x > 0, dx = dy
+  EXPECT_EQ(elu.read_top(0), COMET_READS_VALUE);
 }
 
 #ifndef CPU_ONLY

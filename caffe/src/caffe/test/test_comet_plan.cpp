@@ -180,6 +180,25 @@ TEST_F(CometPlanTest, SigmoidAndTanHOutputsAreLossyUnderTheDerivativeRule) {
   EXPECT_EQ(ActionOf("conv2"), CometActions::KEEP);
 }
 
+// ELU reads its input's sign and its output's values: not in place, the input is a mask (when
+// nothing else reads it) and the output lossy under the derivative rule; in place, the one blob
+// is lossy with its sign mask (y's sign is x's).
+TEST_F(CometPlanTest, ELUKeepsItsInputsSignAndItsOutputLossy) {
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+        "layer { name: 'elu1' type: 'ELU' bottom: 'conv1' top: 'e1' } " + Conv("conv2", "e1", 4) +
+        InPlace("elu2", "ELU", "conv2") +
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv2' top: 'ip' inner_product_param { "
+        "num_output: 3" + kFill + "} } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ");
+  EXPECT_EQ(ActionOf("conv1"), CometActions::MASK);
+  ASSERT_EQ(ActionOf("e1"), CometActions::LOSSY);
+  EXPECT_FALSE(EntryOf("e1")->signs);
+  EXPECT_EQ(plan_.bounds[EntryOf("e1")->eb_layers[0]].rule, CometPlanBound::DERIVATIVE);
+  ASSERT_EQ(ActionOf("conv2"), CometActions::LOSSY);
+  EXPECT_TRUE(EntryOf("conv2")->signs);
+  EXPECT_EQ(EntryOf("conv2")->name, "elu2+ip");
+}
+
 // PReLU reads its input's values (its slope's gradient) and exact signs (its input gradient): in
 // place its own copy of the input (patch 0035), lossy with a sign mask under its weight rule, the
 // blob being read by the next layer alone; not in place, its input blob, lossy with a sign mask.
