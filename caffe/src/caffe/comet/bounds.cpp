@@ -116,6 +116,20 @@ void Maps(const LayerParameter& lp, const std::vector<int>& shape, int* num, int
   for (int i = 3; i < shape.size(); ++i) *width *= shape[i];
 }
 
+// How many output channels a layer's weights feed (O of the independent-error estimate): the
+// weights' first axis, but Deconvolution's second (times its groups; its weights are input x
+// output / group x kernel), and 1 for a 0-D weight (PReLU's channel_shared slope). For a
+// Deconvolution of stride s each weight meets about 1 / s^2 of its channel's dy, so the estimate
+// then errs high (by about s).
+template <typename Dtype>
+int WeightOutputs(Layer<Dtype>& l) {  // NOLINT(runtime/references): blobs() is not const
+  const Blob<Dtype>& w = *l.blobs()[0];
+  if (w.num_axes() == 0) return 1;
+  if (l.type() == std::string("Deconvolution") && w.num_axes() > 1)
+    return w.shape(1) * l.layer_param().convolution_param().group();
+  return w.shape(0);
+}
+
 const float* DiffOf(const Blob<float>* b, bool dev) { return dev ? b->gpu_diff() : b->cpu_diff(); }
 const float* DiffOf(const Blob<double>*, bool) { return NULL; }  // the store keeps floats only
 }  // namespace
@@ -179,8 +193,7 @@ void CometBounds<Dtype>::MeasureWeightErrors(int layer) {
   } else {
     double s = 0;
     for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
-    const Blob<Dtype>& w = *l->blobs()[0];  // PReLU's channel_shared slope is a 0-D blob
-    measured_[layer] = CometIndependentWeightError(s, w.num_axes() ? w.shape(0) : 1, 1.);
+    measured_[layer] = CometIndependentWeightError(s, WeightOutputs(*l), 1.);
   }
   sample = CometErrorSample();  // used once: the next measuring iteration samples again
 }

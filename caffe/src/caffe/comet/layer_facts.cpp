@@ -145,7 +145,8 @@ void ReadsBoth(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) 
   All(&f->top, COMET_READS_VALUE);
 }
 
-// Convolution, InnerProduct: dW = sum x (x) dy reads x; dx reads only W and dy.
+// Convolution, InnerProduct, Deconvolution: dW = sum x (x) dy reads x (Deconvolution: x against
+// its output gradient's columns); dx reads only W and dy.
 template <typename Dtype>
 void WeightedLinear(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
   All(&f->bottom, COMET_READS_VALUE);
@@ -390,7 +391,7 @@ INSTANTIATE_CLASS(CometFactsRegistry);
 // ----------------------------------------------------------------------------- the registry
 REGISTER_COMET_FACTS("Convolution", ConvolutionLayer, WeightedLinear);
 REGISTER_COMET_FACTS("InnerProduct", InnerProductLayer, WeightedLinear);
-REGISTER_COMET_FACTS("Deconvolution", DeconvolutionLayer, ReadsBottom);
+REGISTER_COMET_FACTS("Deconvolution", DeconvolutionLayer, WeightedLinear);
 REGISTER_COMET_FACTS("Embed", EmbedLayer, EmbedRow);
 REGISTER_COMET_FACTS("ReLU", ReLULayer, ReLURow);
 REGISTER_COMET_FACTS("PReLU", PReLULayer, PReLURow);

@@ -128,6 +128,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     lossy_types.insert("TanH");
     lossy_types.insert("PReLU");
     lossy_types.insert("ELU");
+    lossy_types.insert("Deconvolution");
   }
 
   // Blobs whose data the store never touches: what callers read or set from outside (inputs,

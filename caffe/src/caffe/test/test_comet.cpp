@@ -45,6 +45,7 @@
 #include "caffe/filler.hpp"
 #include "caffe/layers/batch_norm_layer.hpp"
 #include "caffe/layers/conv_layer.hpp"
+#include "caffe/layers/deconv_layer.hpp"
 #include "caffe/layers/elu_layer.hpp"
 #include "caffe/layers/inner_product_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
@@ -1182,6 +1183,51 @@ TEST_F(CometPayloadTest, SigmoidTanHAndELUGradientErrorMatchesTheDerivation) {
       }
       EXPECT_LT(rms, 1.1 * eb * per_eb) << layer->type() << (way ? ", sz" : ", uniform");
     }
+  }
+}
+
+// Deconvolution's weight gradient sums its input x against its output gradient's columns: with x
+// off by independent errors in [-eb, eb], the RMS error over the weights is eb ||dy|| /
+// sqrt(3 C_out) at stride 1 (the independent estimate with Deconvolution's outputs, bounds.cpp
+// WeightOutputs) and below it at stride 2 (each weight meets a quarter of dy).
+TEST_F(CometPayloadTest, DeconvolutionWeightGradientErrorMatchesTheIndependentEstimate) {
+  for (int stride = 1; stride <= 2; ++stride) {
+    LayerParameter lp;
+    ConvolutionParameter* cp = lp.mutable_convolution_param();
+    cp->set_num_output(5);
+    cp->add_kernel_size(stride == 1 ? 3 : 4);
+    cp->add_stride(stride);
+    cp->add_pad(1);
+    cp->mutable_weight_filler()->set_type("gaussian");
+    DeconvolutionLayer<float> deconv(lp);
+    Blob<float> bottom(4, 6, 12, 12), top;
+    std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+    FillerParameter fp;
+    fp.set_std(1.f);
+    GaussianFiller<float>(fp).Fill(&bottom);
+    deconv.SetUp(bv, tv);
+    deconv.Forward(bv, tv);
+    GaussianFiller<float>(fp).Fill(&top);
+    caffe_copy(top.count(), top.cpu_data(), top.mutable_cpu_diff());
+    const std::vector<bool> down(1, false);
+    Blob<float>* w = deconv.blobs()[0].get();
+    caffe_set(w->count(), 0.f, w->mutable_cpu_diff());
+    deconv.Backward(tv, down, bv);
+    const std::vector<float> exact(w->cpu_diff(), w->cpu_diff() + w->count());
+    const float eb = 1e-2f;
+    uint32_t state = 3;
+    for (int i = 0; i < bottom.count(); ++i)
+      bottom.mutable_cpu_data()[i] += eb * (2.f * NextUniform(&state) - 1.f);
+    caffe_set(w->count(), 0.f, w->mutable_cpu_diff());
+    deconv.Backward(tv, down, bv);
+    double err = 0;
+    for (int i = 0; i < w->count(); ++i)
+      err += (w->cpu_diff()[i] - exact[i]) * (w->cpu_diff()[i] - exact[i]);
+    const double rms = std::sqrt(err / w->count());
+    ASSERT_EQ(w->shape(1), 5) << "Deconvolution's weights: input x output x kernel";
+    const double estimate = CometIndependentWeightError(top.sumsq_diff(), 5, eb);
+    EXPECT_LT(rms, 1.1 * estimate) << "stride " << stride;
+    EXPECT_GT(rms, (stride == 1 ? 0.8 : 0.3) * estimate) << "stride " << stride;
   }
 }
 
