@@ -227,11 +227,21 @@ def _same_iteration_0(off_loss, off_first, on_loss, on_first, rel: float) -> boo
                for xs, ys in zip(a, b) for x, y in zip(xs, ys))
 
 
-def check_net(name: str, base_lr: str, args, work: Path) -> tuple[bool, str]:
+def with_start_bound(comet: str, start_bound: str) -> str:
+    """The comet { } text with its error_bound (the starting bound) set to start_bound ("-": as it is)."""
+    if start_bound in ("", "-"):
+        return comet
+    field = re.compile(r"(?<![A-Za-z_])error_bound\s*:\s*[^\s}]+")
+    if field.search(comet):
+        return field.sub(f"error_bound: {start_bound}", comet)
+    return f"{comet} error_bound: {start_bound}".strip()
+
+
+def check_net(name: str, base_lr: str, args, work: Path, start_bound: str = "-") -> tuple[bool, str]:
     net = Path(args.nets_dir) / f"{name}.prototxt"
     d = work / name
     d.mkdir(parents=True, exist_ok=True)
-    runs = {"w0": (0, None), "off": (args.steps, None), "on": (args.steps, args.comet)}
+    runs = {"w0": (0, None), "off": (args.steps, None), "on": (args.steps, with_start_bound(args.comet, start_bound))}
     why = {}
     for mode, (steps, comet) in runs.items():
         s = d / f"solver_{mode}.prototxt"
@@ -312,7 +322,9 @@ def main(argv=None) -> int:
     if not table.exists():
         print(f"gpu_zoo_check: {table} missing (scripts/zoo_check.py --export writes it)", file=sys.stderr)
         return 2
-    nets = dict(line.split("\t")[:2] for line in table.read_text().splitlines() if line and not line.startswith("#"))
+    rows = [line.split("\t") for line in table.read_text().splitlines() if line and not line.startswith("#")]
+    nets = {r[0]: r[1] for r in rows}
+    start = {r[0]: (r[2] if len(r) > 2 else "-") for r in rows}  # tables of older bundles have two columns
     names = [n for n in (args.nets or "").split(",") if n] or list(nets)
     unknown = [n for n in names if n not in nets]
     if unknown:
@@ -323,7 +335,7 @@ def main(argv=None) -> int:
     try:
         for name in names:
             t = time.time()
-            ok, text = check_net(name, nets[name], args, work)
+            ok, text = check_net(name, nets[name], args, work, start[name])
             print(f"gpu-zoo: {name}: {'PASS' if ok else 'FAIL'} in {time.time() - t:.1f} s: {text}", flush=True)
             if not ok:
                 failed.append(name)

@@ -563,14 +563,16 @@ def export(names: list[str], out: Path, pb2) -> int:
     from cometctl.caffeproto import write_text_proto
 
     out.mkdir(parents=True, exist_ok=True)
-    rows = ["# name\tbase_lr (scripts/zoo_check.py --export)"]
+    rows = ["# name\tbase_lr\tstart_bound: the COMET run's error_bound where not the check's, else - "
+            "(scripts/zoo_check.py --export)"]
     for name in names:
         net = BY_NAME[name]
         if net.pythonpath:
             print(f"zoo_check: --export leaves out {name} (a Python layer: pycaffe)", file=sys.stderr)
             continue
         write_text_proto(out / f"{name}.prototxt", train_net(net, pb2))
-        rows.append(f"{name}\t{net.base_lr!r}")
+        start = repr(net.start_bound) if net.start_bound else "-"
+        rows.append(f"{name}\t{net.base_lr!r}\t{start}")
     (out / "nets.tsv").write_text("\n".join(rows) + "\n")
     print(f"zoo_check: {len(rows) - 1} nets in {out}", file=sys.stderr)
     return 0

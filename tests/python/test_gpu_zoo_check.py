@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import gpu_zoo_check  # noqa: E402
 
 pytestmark = WF_NEEDS_BUILD
-NETS = "lenet,siamese,cifar10_sigmoid_bn,mnist_autoencoder"
+NETS = "lenet,siamese,cifar10_sigmoid_bn,mnist_autoencoder,cifar10_quick_prelu"
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,10 @@ def test_correct_runs_pass_every_check(exported, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     for name in NETS.split(","):
         assert re.search(rf"gpu-zoo: {name}: PASS in [0-9.]+ s: stored .* \(\d+\.\dx\), step 1", p.stdout), p.stdout
-    assert "gpu-zoo: 4 of 4 nets PASS" in p.stdout, p.stdout
+    assert "gpu-zoo: 5 of 5 nets PASS" in p.stdout, p.stdout
+    # the PReLU net's COMET run starts at its own bound, as zoo_check's does (nets.tsv's third column)
+    on = (tmp_path / "work" / "cifar10_quick_prelu" / "solver_on.prototxt").read_text()
+    assert re.search(r"[^_]error_bound: 0.0001[ }]", on) and "max_error_bound" not in on, on
     # the snapshots go once a net is checked; the logs stay for reading
     assert not list((tmp_path / "work").rglob("*.caffemodel"))
     assert (tmp_path / "work" / "lenet" / "on.log").exists()
@@ -95,6 +98,14 @@ def test_the_caffemodel_reader_agrees_with_protobuf(exported, tmp_path, wf_pb2):
             assert np.array_equal(np.asarray(a, dtype=np.float32), b), name
     # shared weights (the Siamese twins' _p layers) are stored under each layer's own name
     assert any(n.endswith("_p") for n in ours)
+
+
+def test_a_start_bound_replaces_the_error_bound_only():
+    c = "eb_mode: ADAPTIVE error_bound: 1e-3 max_error_bound: 1 min_error_bound: 1e-5"
+    assert gpu_zoo_check.with_start_bound(c, "-") == c
+    assert gpu_zoo_check.with_start_bound(c, "0.0001") == \
+        "eb_mode: ADAPTIVE error_bound: 0.0001 max_error_bound: 1 min_error_bound: 1e-5"
+    assert gpu_zoo_check.with_start_bound("eb_mode: ADAPTIVE", "0.0001") == "eb_mode: ADAPTIVE error_bound: 0.0001"
 
 
 def test_iteration_0_is_read_from_the_display_lines(tmp_path):
