@@ -20,7 +20,7 @@ namespace caffe {
 // The weight rule's bound stays at most this times the RMS of its sampled input.
 const double kCometBoundPerInputRms = 0.5;
 // The BatchNorm and derivative rules' bounds stay at most this times the standard deviation of
-// the values stored (x_norm_, Sigmoid's or TanH's output). Their estimates take the errors as
+// the values stored (x_norm_, Sigmoid's, TanH's or ELU's output). Their estimates take the errors as
 // independent of the values, which holds while the bound is small against the values' spread;
 // near it sz rounds many values to their prediction, the error follows the values, and the layers
 // below see it in their weight gradients (docs/comet.md: upstream's CIFAR-10 Sigmoid net).
@@ -68,6 +68,7 @@ class CometBounds {
   std::vector<int> bound_of_layer_;  // layer -> bound or -1
   std::vector<double> measured_;     // layer -> what BeforeBackward measured
   std::vector<double> spread_;       // layer -> its stored values' spread, where the rule caps by it
+  std::vector<CometLayerFacts::Derivative> derivative_;  // layer -> how f' follows from its output
   std::vector<CometErrorSample> errors_;  // bound -> its input's sample, this measuring iteration
   struct Ladder {
     std::vector<double> bounds, errors;  // the weight rule's RMS errors at these bounds

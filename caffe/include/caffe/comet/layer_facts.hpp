@@ -48,11 +48,13 @@ struct CometLayerFacts {
   // Memory the layer shares between its blobs after Forward (Split) or Backward (Flatten's diff):
   // top k's data (diff) is bottom top_data_of[k]'s (top_diff_of[k]'s), or -1 for its own.
   std::vector<int> top_data_of, top_diff_of;
-  // Its value reads of the bottoms (and LRN's, Sigmoid's and TanH's of their top) tolerate
-  // |x - x'| <= eb; which of them are stored lossy is still the user's choice (compress_type).
+  // Its value reads of the bottoms (and LRN's, Sigmoid's, TanH's and ELU's of their top)
+  // tolerate |x - x'| <= eb; which of them are stored lossy is still the user's choice
+  // (compress_type).
   bool lossy_input;
   // Its weight gradient is sum x (x) dy with weights of shape (outputs, ...): the adaptive bound
-  // rule of docs/comet.md applies (Convolution, InnerProduct, and Scale for BatchNorm's x_norm_).
+  // rule of docs/comet.md applies (Convolution, InnerProduct, Deconvolution, PReLU's slope, and
+  // Scale for BatchNorm's x_norm_).
   bool adaptive;
   // Its lossy value reads also ask x > 0, which must stay exact (PReLU: dx = dy for x > 0, a dy
   // else): the store keeps a sign mask beside the stream, as for ReLU.

@@ -58,7 +58,7 @@ struct CometPlanBound {
   // gradient from its normalised output (docs/comet.md#adaptive-error-bounds-the-derivation).
   // LRN: its input gradient from its lossy input and output, used when no layer with an
   // adaptive rule reads the same stored blob (else LRN follows that layer's bound).
-  // DERIVATIVE: Sigmoid's or TanH's input gradient dy f'(y) from its lossy output y.
+  // DERIVATIVE: Sigmoid's, TanH's or ELU's input gradient dy f'(y) from its lossy output y.
   enum Rule { WEIGHT_GRADIENT = 0, BATCHNORM, LRN, DERIVATIVE };
   Rule rule;
   std::string layer;

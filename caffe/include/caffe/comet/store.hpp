@@ -122,6 +122,13 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   bool MayDecodeAhead(size_t bytes, size_t now) const;
   size_t BackwardAllocates(int layer) const;
   void MakeRoomForForward(int layer);       // waits for encodes whose memory would raise it
+  // The lossy encode of `count` values at `data` (a blob, or x_norm_ or PReLU's copy), with a
+  // sign mask beside the stream when `signs`; `what` names it in the note of a value the mask
+  // cannot hold.
+  static std::function<void(Job*)> LossyWork(const float* data, const std::vector<int>& shape,
+                                             size_t count, bool dev, float eb,
+                                             const std::string& name, const std::string& what,
+                                             bool signs);
   // A blob rebuilt from BatchNorm's x_norm_ (plan entry rebuild_from, CPU mode).
   float RebuildBound(const Entry& x_norm) const;
   std::function<void(Job*)> RebuildOrLossy(const Entry& e, const Blob<Dtype>* blob, float eb,

@@ -25,6 +25,8 @@ void CometBounds<Dtype>::Reset(const CometPlan& plan) {
   bound_of_layer_ = plan.bound_of_layer;
   measured_.assign(bound_of_layer_.size(), 0);
   spread_.assign(bound_of_layer_.size(), 0);
+  derivative_.clear();
+  for (int i = 0; i < plan.facts.size(); ++i) derivative_.push_back(plan.facts[i].derivative);
   ladder_.assign(bound_of_layer_.size(), Ladder());
   errors_.assign(bounds_.size(), CometErrorSample());
   drift_.resize(bounds_.size());
@@ -128,6 +130,12 @@ int WeightOutputs(Layer<Dtype>& l) {  // NOLINT(runtime/references): blobs() is 
   if (l.type() == std::string("Deconvolution") && w.num_axes() > 1)
     return w.shape(1) * l.layer_param().convolution_param().group();
   return w.shape(0);
+}
+
+// The standard deviation of n values from their sum and sum of squares.
+double StdOf(double sum, double sumsq, double n) {
+  n = std::max(n, 1.);
+  return std::sqrt(std::max(sumsq / n - (sum / n) * (sum / n), 0.));
 }
 
 const float* DiffOf(const Blob<float>* b, bool dev) { return dev ? b->gpu_diff() : b->cpu_diff(); }
@@ -336,20 +344,21 @@ double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
 template <typename Dtype>
 double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) const {
   const Blob<Dtype>* y = net_->top_vecs()[layer][0];
-  const std::string type = net_->layers()[layer]->type();
-  const int kind = type == "Sigmoid" ? 0 : type == "TanH" ? 1 : 2;  // else ELU
+  const CometLayerFacts::Derivative kind = derivative_[layer];
+  CHECK_NE(kind, CometLayerFacts::NO_DERIVATIVE) << net_->layer_names()[layer];
   const Dtype* yd = y->cpu_data();
   const Dtype* dy = y->cpu_diff();
   double sum = 0, m1 = 0, m2 = 0;
   for (int i = 0; i < y->count(); ++i) {
-    const double g = kind == 0 ? 1. - 2. * yd[i] : kind == 1 ? 2. * yd[i] : yd[i] <= 0;
+    const double g = kind == CometLayerFacts::SIGMOID_OF_OUTPUT ? 1. - 2. * yd[i]
+                     : kind == CometLayerFacts::TANH_OF_OUTPUT  ? 2. * yd[i]
+                                                                : yd[i] <= 0;  // ELU
     sum += static_cast<double>(dy[i]) * dy[i] * g * g;
     m1 += yd[i];
     m2 += static_cast<double>(yd[i]) * yd[i];
   }
-  const double n = std::max(y->count(), 1);
-  *spread = std::sqrt(std::max(m2 / n - (m1 / n) * (m1 / n), 0.));
-  return std::sqrt(sum / (3. * n));
+  *spread = StdOf(m1, m2, y->count());
+  return std::sqrt(sum / (3. * std::max(y->count(), 1)));
 }
 
 // BatchNorm's input gradient is dx = (dy - mean(dy) - y mean(dy y)) / std per channel, y its
@@ -383,8 +392,7 @@ double CometBounds<Dtype>::BatchNormErrorScale(int layer, double* spread) const 
     const double r = m1 / s[c];
     total += r * r;
   }
-  const double count = std::max(y->count(), 1);
-  *spread = std::sqrt(std::max(y2 / count - (y1 / count) * (y1 / count), 0.));
+  *spread = StdOf(y1, y2, y->count());
   return total;
 }
 

@@ -114,29 +114,29 @@ void ReadsTop(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
   All(&f->top, COMET_READS_VALUE);
 }
 
-// Sigmoid and TanH: f' from the output, lossy within the derivative rule's bound.
-template <typename Dtype>
-void SigmoidRow(const Layer<Dtype>& l, const CometLayerShape& s, CometLayerFacts* f) {
-  ReadsTop(l, s, f);
+// f' from the output's values, lossy under the derivative rule (`kind`: how f' follows from y).
+void FromOutput(CometLayerFacts* f, CometLayerFacts::Derivative kind) {
+  All(&f->top, COMET_READS_VALUE);
   f->lossy_input = true;
-  f->derivative = CometLayerFacts::SIGMOID_OF_OUTPUT;
+  f->derivative = kind;
 }
 
 template <typename Dtype>
-void TanHRow(const Layer<Dtype>& l, const CometLayerShape& s, CometLayerFacts* f) {
-  ReadsTop(l, s, f);
-  f->lossy_input = true;
-  f->derivative = CometLayerFacts::TANH_OF_OUTPUT;
+void SigmoidRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
+  FromOutput(f, CometLayerFacts::SIGMOID_OF_OUTPUT);
+}
+
+template <typename Dtype>
+void TanHRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
+  FromOutput(f, CometLayerFacts::TANH_OF_OUTPUT);
 }
 
 // ELU: dx = dy where x > 0, dy (alpha + y) elsewhere: its input's sign only (in place the blob
-// holds y, whose sign is x's), and its output's values, lossy under the derivative rule.
+// holds y, whose sign is x's), and its output's values.
 template <typename Dtype>
 void ELURow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
   All(&f->bottom, COMET_READS_SIGN);
-  All(&f->top, COMET_READS_VALUE);
-  f->lossy_input = true;
-  f->derivative = CometLayerFacts::ELU_OF_OUTPUT;
+  FromOutput(f, CometLayerFacts::ELU_OF_OUTPUT);
 }
 
 template <typename Dtype>
@@ -170,8 +170,6 @@ void PowerRow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f)
   if (p.power() != 2) f->top[0] = COMET_READS_VALUE;  // power * y / x, or with a shift
 }
 
-// In place, Scale keeps a copy of its input of its own and reads that.
-
 // PReLU: dx = dy (x > 0 ? 1 : a) and da = sum over x <= 0 of x dy per channel (one sum with
 // channel_shared): the values within a bound under the weight rule, the signs exactly. In place
 // it reads its own copy of the input, not the blob (patch 0035).
@@ -183,6 +181,8 @@ void PReLURow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f)
   f->adaptive = true;
   f->exact_sign = true;
 }
+
+// In place, Scale keeps a copy of its input of its own and reads that.
 
 template <typename Dtype>
 void ScaleRow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f) {

@@ -874,6 +874,21 @@ void CometStore<Dtype>::Hold(Entry* e, SyncedMemory* mem, const shared_ptr<Comet
   e->stored_bytes += p->stored_bytes();
 }
 
+template <typename Dtype>
+std::function<void(typename CometStore<Dtype>::Job*)> CometStore<Dtype>::LossyWork(
+    const float* data, const std::vector<int>& shape, size_t count, bool dev, float eb,
+    const std::string& name, const std::string& what, bool signs) {
+  return [=](Job* j) {
+    j->payload = CometEncodeLossy(data, shape, dev, eb, name, &j->error);
+    if (!j->payload || !signs) return;
+    j->payload->sign_mask = CometEncodeMask(data, count, dev, name);
+    if (j->payload->sign_mask) return;
+    j->payload.reset();
+    j->note = what + " holds NaN or Inf; kept dense this iteration (ReLU or PReLU needs its "
+              "exact sign)";
+  };
+}
+
 // After the owning layer's forward: argmax and Dropout mask as packed codes, LRN's scale freed;
 // every buffer of a layer that runs no backward freed.
 template <typename Dtype>
@@ -919,16 +934,7 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
     const std::vector<int> shape = buffer->shape();
     const size_t values = buffer->count();
     if (measuring_) bounds_.NoteStoredInput(*e, data, dev, shape, eb);
-    const bool signs = e->signs;
-    job->work = [=](Job* j) {
-      j->payload = CometEncodeLossy(data, shape, dev, eb, name, &j->error);
-      if (!j->payload || !signs) return;
-      j->payload->sign_mask = CometEncodeMask(data, values, dev, name);
-      if (j->payload->sign_mask) return;
-      j->payload.reset();
-      j->note = name + " holds NaN or Inf; kept dense this iteration (PReLU needs its exact "
-                "sign)";
-    };
+    job->work = LossyWork(data, shape, values, dev, eb, name, name, e->signs);
   } else {
     const void* data = dev ? mem->gpu_data() : mem->cpu_data();
     const std::string note = name + " holds a value its code cannot express (a max over NaN); "
@@ -987,16 +993,8 @@ void CometStore<Dtype>::AfterForward(int layer) {
       e.eb_sum += eb;
       const std::vector<int> shape = blob->shape();
       if (measuring_) bounds_.NoteStoredInput(e, data, dev, shape, eb);
-      const bool signs = e.signs;
-      const std::function<void(Job*)> lossy = [=](Job* j) {
-        j->payload = CometEncodeLossy(data, shape, dev, eb, name, &j->error);
-        if (!j->payload || !signs) return;
-        j->payload->sign_mask = CometEncodeMask(data, count, dev, name);
-        if (j->payload->sign_mask) return;
-        j->payload.reset();
-        j->note = "blob " + name + " holds NaN or Inf; kept dense this iteration (ReLU or "
-                  "PReLU needs its exact sign)";
-      };
+      const std::function<void(Job*)> lossy =
+          LossyWork(data, shape, count, dev, eb, name, "blob " + name, e.signs);
       job->work = lossy;
       if (e.rebuild_from >= 0 && !dev) job->work = RebuildOrLossy(e, blob, eb, lossy);
     } else {
