@@ -9,6 +9,8 @@ then with one:
   cifar10_sigmoid: upstream's CIFAR-10 net with Sigmoid and BatchNorm without Scale
       (examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt), on random 32x32 crops,
   cifar10_prelu: upstream's CIFAR-10 quick net with its ReLUs made PReLUs (in place), on random
+      32x32 crops,
+  cifar10_full: upstream's CIFAR-10 full net (LRN within channels, average pooling), on random
       32x32 crops.
 Its input is either
   --data images (default): the shipped Data layer reading the embedded synthetic dataset, made once at
@@ -21,7 +23,7 @@ benchmark's own memory does not count). Reported per run: peak RSS, the store's 
 storage (COMET runs), seconds per iteration after warm-up (wall clock, median), and the CPU seconds
 (user + system) of the whole run, which another tenant's load on a shared machine disturbs less.
 
-    scripts/bench_memory [--model caffenet|resnet|googlenet|cifar10_sigmoid|cifar10_prelu]
+    scripts/bench_memory [--model caffenet|resnet|googlenet|cifar10_sigmoid|cifar10_prelu|cifar10_full]
                          [--batches 64 256]
                          [--iters 3]
                          [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
@@ -96,8 +98,10 @@ MODELS = {
                         "examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt"),
     "cifar10_prelu": ("CIFAR-10 quick (ReLUs as PReLUs)", "upstream",
                       "examples/cifar10/cifar10_quick_train_test.prototxt"),
+    "cifar10_full": ("CIFAR-10 full (LRN within channels)", "upstream",
+                     "examples/cifar10/cifar10_full_train_test.prototxt"),
 }
-CROP = {"cifar10_sigmoid": 32, "cifar10_prelu": 32}  # nets without a crop of their own, for 32x32
+CROP = {"cifar10_sigmoid": 32, "cifar10_prelu": 32, "cifar10_full": 32}  # nets without a crop of their own, for 32x32
 PRELU = {"cifar10_prelu"}  # nets whose ReLUs become PReLUs
 
 

@@ -1,8 +1,9 @@
 """How far COMET moves a net's weight gradients: one training step, COMET off vs on, side by side.
 
 Two solvers train the shipped CaffeNet or ResNet-18, upstream's GoogLeNet, or upstream's CIFAR-10
-net with Sigmoid and BatchNorm (--model; 10 outputs) on the embedded synthetic images at 256x256
-(made once, as for scripts/bench_memory; the CIFAR-10 net takes random 32x32 crops of them). After `--warmup` steps (the adaptive bounds are measured on them)
+net with Sigmoid and BatchNorm or its full net with LRN within channels (--model; 10 outputs) on
+the embedded synthetic images at 256x256 (made once, as for scripts/bench_memory; the CIFAR-10 nets
+take random 32x32 crops of them). After `--warmup` steps (the adaptive bounds are measured on them)
 the COMET solver gets the other's weights, both run forward and backward on the same batch with the
 same Dropout masks, and for each layer the relative error of the weight gradient,
 ||dW_on - dW_off|| / ||dW_off||, is printed next to the error bound its input was stored with. With
@@ -15,8 +16,8 @@ ResNet's BatchNorm layers store their normalised output (x_norm_) lossy at the t
 bound and their Scale's; the table lists those bounds and the weight-gradient error of every layer
 with learnable weights (the errors of BatchNorm's input gradients show in the layers below them).
 
-    scripts/grad_error [--model caffenet|resnet|googlenet|cifar10_sigmoid] [--batch 32] [--target 0.05]
-                       [--max-bound 1] [--warmup 2] [--data-gradients] [--dense LAYER ...]
+    scripts/grad_error [--model caffenet|resnet|googlenet|cifar10_sigmoid|cifar10_full] [--batch 32]
+                       [--target 0.05] [--max-bound 1] [--warmup 2] [--data-gradients] [--dense LAYER ...]
 
 --dense keeps what the named layers store lossy dense (`comet_param { compress: false }`: a
 Convolution's input, a BatchNorm's x_norm_), so a layer's own input error can be told apart from
@@ -40,7 +41,7 @@ from cometctl import paths  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["caffenet", "resnet", "googlenet", "cifar10_sigmoid"],
+    ap.add_argument("--model", choices=["caffenet", "resnet", "googlenet", "cifar10_sigmoid", "cifar10_full"],
                     default="caffenet")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--target", type=float, default=0.05, help="comet.adaptive_target")
@@ -71,7 +72,9 @@ def main() -> int:
                            ("loss1/classifier", "loss2/classifier", "loss3/classifier"),
                            "GoogLeNet"),
              "cifar10_sigmoid": (upstream / "examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt",
-                                 ("ip1",), "CIFAR-10 (Sigmoid, BatchNorm)")}
+                                 ("ip1",), "CIFAR-10 (Sigmoid, BatchNorm)"),
+             "cifar10_full": (upstream / "examples/cifar10/cifar10_full_train_test.prototxt", ("ip1",),
+                              "CIFAR-10 full (LRN within channels)")}
     net_file, classifiers, title = model[args.model]
     text_format.Merge(net_file.read_text(), net)
     for layer in net.layer:
@@ -82,7 +85,7 @@ def main() -> int:
             layer.data_param.prefetch = 1
             if not layer.transform_param.mean_value:
                 layer.transform_param.mean_file = str(images / "mean.binaryproto")
-            if args.model == "cifar10_sigmoid":
+            if args.model.startswith("cifar10"):
                 layer.transform_param.crop_size = 32  # CIFAR's size, cut from the 256x256 images
         if layer.name in classifiers:
             layer.inner_product_param.num_output = 10  # the synthetic set has 10 classes

@@ -3,7 +3,8 @@
 
 // COMET-Caffe: which engine the train net's layers get while the activation store is on.
 //
-// cuDNN's Backward for ReLU, Sigmoid, TanH, Softmax, LRN (across channels) and average pooling takes
+// cuDNN's Backward for ReLU, Sigmoid, TanH, Softmax, LRN (cuDNN's LRN across channels, its LCN
+// within a channel) and average pooling takes
 // both the layer's input and its output (layer_facts.cpp's cuDNN rows), where Caffe's own Backward
 // reads the output's sign (ReLU), the output (Sigmoid, TanH, Softmax), or nothing (average
 // pooling; LRN recomputes what it needs). With cuDNN's engines the store can free, mask or

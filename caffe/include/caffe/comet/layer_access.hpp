@@ -4,6 +4,8 @@
 // COMET-Caffe: the private buffers of upstream layers that are as large as activations. The
 // layers declare this class a friend (patch 0011); nothing else reaches into them.
 
+#include <vector>
+
 #include "caffe/comet/codes.hpp"
 #include "caffe/comet/pool.hpp"
 #include "caffe/layers/batch_norm_layer.hpp"
@@ -54,14 +56,32 @@ class CometLayerAccess {
     return r;
   }
   // LRN's scale across channels (its backward reads it; a forward recomputes it), else NULL.
-  // Within a channel LRN is a chain of internal layers and keeps no such buffer.
-  static Blob<Dtype>* lrn_scale(Layer<Dtype>* layer) {
+  static Blob<Dtype>* lrn_scale(Layer<Dtype>* layer) { return lrn_recomputed(layer, 0); }
+  // What LRN's forward computes besides its output and its backward reads (or, the squares, may
+  // read), as large as its input: across channels the scale (part 0); within a channel the
+  // outputs of its internal layers, the squares (0), their window means (1) and the scale
+  // s^-beta (2). NULL past the last part, or for another layer.
+  static Blob<Dtype>* lrn_recomputed(Layer<Dtype>* layer, int part) {
+    LRNLayer<Dtype>* l = dynamic_cast<LRNLayer<Dtype>*>(layer);
+    if (!l) return NULL;
+    if (layer->layer_param().lrn_param().norm_region() == LRNParameter_NormRegion_ACROSS_CHANNELS)
+      return part == 0 ? &l->scale_ : NULL;
+    Blob<Dtype>* within[] = {&l->square_output_, &l->pool_output_, &l->power_output_};
+    return part >= 0 && part < 3 ? within[part] : NULL;
+  }
+  // LRN within a channel: the internal blobs whose diffs its backward writes and reads (its
+  // internal layers' gradients, each as large as its input), else empty.
+  static std::vector<Blob<Dtype>*> lrn_internal_diffs(Layer<Dtype>* layer) {
+    std::vector<Blob<Dtype>*> blobs;
     LRNLayer<Dtype>* l = dynamic_cast<LRNLayer<Dtype>*>(layer);
     if (!l || layer->layer_param().lrn_param().norm_region() !=
-                  LRNParameter_NormRegion_ACROSS_CHANNELS) {
-      return NULL;
+                  LRNParameter_NormRegion_WITHIN_CHANNEL) {
+      return blobs;
     }
-    return &l->scale_;
+    Blob<Dtype>* internal[] = {&l->product_input_, &l->square_input_, &l->square_output_,
+                               &l->pool_output_, &l->power_output_};
+    blobs.assign(internal, internal + 5);
+    return blobs;
   }
   // BatchNorm's x_norm_ (a copy of its output that its backward reads), else NULL.
   static Blob<Dtype>* bn_x_norm(Layer<Dtype>* layer) {

@@ -31,8 +31,11 @@ struct CometLayerFacts {
   // the per-channel values). SCALE_COPY: in-place Scale's temp_, a copy of its input (rebuilt
   // from the BatchNorm output it was copied from). PRELU_COPY: in-place PReLU's bottom_memory_,
   // a copy of its input (its backward reads it, patch 0035: lossy, with the signs exact).
+  // LRN_WITHIN: LRN within a channel, a chain of internal layers whose outputs (the squares,
+  // their window mean, the scale s^-beta) are each as large as its input and are computed
+  // again, as LRN_SCALE is, from the input by LRN's forward.
   enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE, BN_TEMP, SCALE_COPY,
-                 PRELU_COPY };
+                 PRELU_COPY, LRN_WITHIN };
   // Backward computes f'(x) from its output y: Sigmoid y (1 - y), TanH 1 - y^2, ELU alpha + y
   // where x <= 0 (1 elsewhere, from x's sign). An error e in y moves it by about e (1 - 2y),
   // -2 y e or e, which the derivative rule of docs/comet.md bounds.

@@ -27,7 +27,7 @@ struct CometActions {
 
 struct CometPlanEntry : public CometActions {
   CometPlanEntry()
-      : layer(-1), source(-1), action(KEEP), buffer(KEEP), signs(false), last_forward(-1),
+      : layer(-1), source(-1), action(KEEP), buffer(KEEP), part(0), signs(false), last_forward(-1),
         last_backward(-1), rebuild_from(-1), rebuild_scale(-1), rebuild_relu(-1), rebuilds(-1) {}
   std::string name;            // what the log calls it: the reading layer(s)
   std::string blob;            // first blob name, or "<layer> argmax|mask|scale"
@@ -41,6 +41,7 @@ struct CometPlanEntry : public CometActions {
   // `action` is the same, but RELEASE for a layer that runs no backward: nobody reads its
   // buffers after its forward.
   Action buffer;
+  int part;  // which of the layer's buffers of that kind (RECOMPUTE within a channel: LRN's 0-2)
   bool signs;                  // LOSSY read by ReLU or PReLU too: a sign mask is stored alongside
   int last_forward;            // compress/release after this layer's forward
   int last_backward;           // free again after this layer's backward (-1: none)

@@ -302,36 +302,44 @@ double CometBounds<Dtype>::DriftMargin(int b, const Ladder& now, double grad_rms
 // squares (n E[x^2] E[dy^2]). The RMS error of dx is at most eb times the value returned,
 // (2 a b / (n k sqrt 3)) sqrt(n^2 E[dy^2 y^2] + n E[x^2] E[dy^2]). (The scale itself is kept
 // exact, or recomputed from the lossy input; recompute_lrn adds that term, not estimated here.)
+// Within a channel the same form holds over the n = local_size^2 values of a spatial window, with
+// k = 1 (Caffe's internal power layer computes (1 + a mean x^2)^-b).
 template <typename Dtype>
 double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
   Layer<Dtype>* l = net_->layers()[layer].get();
   const LRNParameter& p = l->layer_param().lrn_param();
+  const bool across = p.norm_region() == LRNParameter_NormRegion_ACROSS_CHANNELS;
   const Blob<Dtype>* x = net_->bottom_vecs()[layer][0];
   const Blob<Dtype>* y = net_->top_vecs()[layer][0];
   const Dtype* xd = x->cpu_data();
   const Dtype* dy = y->cpu_diff();
-  // An output no backward reads was freed (LRN's CPU backward computes it again, patch 0027):
-  // y = x s^-beta from the scale, as Forward computed it.
+  // An output no backward reads was freed (LRN's CPU backward across channels computes it again,
+  // patch 0027; within a channel it reads the scale s^-b instead): y = x s^-b, as Forward
+  // computed it, from the scale (across: s, raised to -b here).
   const shared_ptr<CometPayload>& held = y->data()->comet_payload();
   const bool freed = held ? held->kind() == CometPayload::RELEASED
                           : y->data()->head() == SyncedMemory::UNINITIALIZED;
   const Dtype* yd = freed ? NULL : y->cpu_data();
-  const Dtype* sd = freed ? CometLayerAccess<Dtype>::lrn_scale(l)->cpu_data() : NULL;
+  const Dtype* sd =
+      freed ? CometLayerAccess<Dtype>::lrn_recomputed(l, across ? 0 : 2)->cpu_data() : NULL;
   const float minus_beta = -p.beta();
   double dyy = 0, xx = 0, dd = 0;
   for (int i = 0; i < y->count(); ++i) {
     const double g = dy[i], u = xd[i];
-    const double v = freed ? xd[i] * std::pow(static_cast<float>(sd[i]), minus_beta) : yd[i];
+    const double v = !freed ? yd[i]
+                     : across ? xd[i] * std::pow(static_cast<float>(sd[i]), minus_beta)
+                              : xd[i] * sd[i];
     dyy += g * g * v * v;
     xx += u * u;
     dd += g * g;
   }
-  const double count = y->count(), n = p.local_size();
+  const double count = y->count();
+  const double n = across ? p.local_size() : p.local_size() * p.local_size();
+  const double k = across ? p.k() : 1.;
   dyy /= count;
   xx /= count;
   dd /= count;
-  return 2. * p.alpha() * p.beta() / (n * p.k() * std::sqrt(3.)) *
-         std::sqrt(n * n * dyy + n * xx * dd);
+  return 2. * p.alpha() * p.beta() / (n * k * std::sqrt(3.)) * std::sqrt(n * n * dyy + n * xx * dd);
 }
 
 // Sigmoid, TanH and ELU compute dx = dy f'(y) from their output y: f' = y (1 - y), 1 - y^2, or

@@ -21,8 +21,7 @@ bool GiveCaffesEngine(LayerParameter* lp) {
     lp->mutable_tanh_param()->set_engine(TanHParameter_Engine_CAFFE);
   } else if (t == "Softmax" && lp->softmax_param().engine() == SoftmaxParameter_Engine_DEFAULT) {
     lp->mutable_softmax_param()->set_engine(SoftmaxParameter_Engine_CAFFE);
-  } else if (t == "LRN" && lp->lrn_param().engine() == LRNParameter_Engine_DEFAULT &&
-             lp->lrn_param().norm_region() == LRNParameter_NormRegion_ACROSS_CHANNELS) {
+  } else if (t == "LRN" && lp->lrn_param().engine() == LRNParameter_Engine_DEFAULT) {
     lp->mutable_lrn_param()->set_engine(LRNParameter_Engine_CAFFE);
   } else if (t == "Pooling" && lp->pooling_param().engine() == PoolingParameter_Engine_DEFAULT &&
              lp->pooling_param().pool() == PoolingParameter_PoolMethod_AVE) {

@@ -199,15 +199,22 @@ void BatchNormRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* 
 }
 
 // ACROSS_CHANNELS on the CPU computes its output again from its input and scale_ (patch 0027)
-// and reads no top; on the GPU it reads it.
+// and reads no top; on the GPU it reads it. WITHIN_CHANNEL's backward runs its internal layers'
+// backward: the product's (Eltwise PROD, stable_prod_grad) reads its two inputs, the input
+// itself and the scale s^-beta, never the output; the power's reads the window means and the
+// scale; the square's the input. The bound derivation of docs/comet.md covers both forms (s = k
+// + alpha / n sum x^2 over n = local_size values across channels, or local_size^2 within, k = 1).
 template <typename Dtype>
 void LRNRow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
   All(&f->bottom, COMET_READS_VALUE);
   All(&f->top, COMET_READS_VALUE);
+  f->lossy_input = true;
   if (l.layer_param().lrn_param().norm_region() == LRNParameter_NormRegion_ACROSS_CHANNELS) {
-    f->lossy_input = true;  // the bound derivation of docs/comet.md covers this form only
     f->private_buffer = CometLayerFacts::LRN_SCALE;
     if (Caffe::mode() == Caffe::CPU) All(&f->top, COMET_READS_NOTHING);
+  } else {
+    f->private_buffer = CometLayerFacts::LRN_WITHIN;
+    All(&f->top, COMET_READS_NOTHING);
   }
 }
 

@@ -95,7 +95,10 @@ int BoundOf(CometPlan* plan, const Net<Dtype>& net, const CometParameter& param,
 
 // The rule that bounds the error a lossy read by a layer with these facts causes.
 CometPlanBound::Rule RuleOf(const CometLayerFacts& f) {
-  if (f.private_buffer == CometLayerFacts::LRN_SCALE) return CometPlanBound::LRN;
+  if (f.private_buffer == CometLayerFacts::LRN_SCALE ||
+      f.private_buffer == CometLayerFacts::LRN_WITHIN) {
+    return CometPlanBound::LRN;
+  }
   if (f.derivative != CometLayerFacts::NO_DERIVATIVE) return CometPlanBound::DERIVATIVE;
   return CometPlanBound::WEIGHT_GRADIENT;
 }
@@ -292,6 +295,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
       case CometLayerFacts::MAX_ARGMAX: e.action = CometActions::ARGMAX; e.blob = e.name + " argmax"; break;
       case CometLayerFacts::DROPOUT_MASK: e.action = CometActions::BINARY; e.blob = e.name + " mask"; break;
       case CometLayerFacts::LRN_SCALE: e.action = CometActions::RECOMPUTE; e.blob = e.name + " scale"; break;
+      case CometLayerFacts::LRN_WITHIN: e.action = CometActions::RECOMPUTE; break;  // named below
       case CometLayerFacts::BN_TEMP: e.action = CometActions::REBUILD; e.blob = e.name + " temp"; break;
       case CometLayerFacts::SCALE_COPY: {
         // In place, Scale copies its input: when BatchNorm wrote it (no layer in between), the
@@ -326,10 +330,17 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     if (!runs_backward) e.action = CometActions::RELEASE;
     e.last_forward = i;
     e.last_backward = runs_backward ? i : -1;
-    plan.private_of_layer[i].push_back(plan.entries.size());
-    plan.after_forward[i].push_back(plan.entries.size());
-    if (runs_backward) plan.after_backward[i].push_back(plan.entries.size());
-    plan.entries.push_back(e);
+    // LRN within a channel: its internal layers' outputs, one entry each.
+    const char* within[] = {" squares", " means", " scale"};  // of x^2 over the windows; s^-beta
+    const bool lrn_within = plan.facts[i].private_buffer == CometLayerFacts::LRN_WITHIN;
+    for (int part = 0; part < (lrn_within ? 3 : 1); ++part) {
+      if (lrn_within) e.blob = e.name + within[part];
+      e.part = part;
+      plan.private_of_layer[i].push_back(plan.entries.size());
+      plan.after_forward[i].push_back(plan.entries.size());
+      if (runs_backward) plan.after_backward[i].push_back(plan.entries.size());
+      plan.entries.push_back(e);
+    }
     if (plan.facts[i].private_buffer == CometLayerFacts::BN_TEMP) {
       // BatchNorm's x_norm_, a copy of its output that its backward reads (and an in-place Scale
       // after it, through the copy rebuilt from it): lossy at the tighter of BatchNorm's own bound

@@ -150,8 +150,9 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
                  e.source >= 0 ? "input copy" : "temp", FormatBytes(e.last_dense).c_str(),
                  e.last_ms);
       } else if (e.action == CometActions::RECOMPUTE) {
-        snprintf(line, sizeof(line), "COMET %s: scale recomputed, freed %s, %.1f ms",
-                 e.name.c_str(), FormatBytes(e.last_dense).c_str(), e.last_ms);
+        snprintf(line, sizeof(line), "COMET %s: %s recomputed, freed %s, %.1f ms",
+                 e.name.c_str(), e.blob.substr(e.name.size() + 1).c_str(),
+                 FormatBytes(e.last_dense).c_str(), e.last_ms);
       } else {
         snprintf(line, sizeof(line), "COMET %s: ratio %.1fx, %s, %.1f ms", e.name.c_str(),
                  e.last_ratio, e.action == CometActions::MASK ? "mask" : e.action == CometActions::ARGMAX ? "argmax"

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "caffe/comet/float_mode.hpp"
@@ -28,11 +29,12 @@ namespace {
 
 // The private buffer of `layer` that an entry's `buffer` names (CometStore::PrivateBuffer).
 template <typename Dtype>
-SyncedMemory* PrivateBufferOf(Layer<Dtype>* layer, CometActions::Action buffer) {
+SyncedMemory* PrivateBufferOf(Layer<Dtype>* layer, CometActions::Action buffer, int part) {
   switch (buffer) {
     case CometActions::ARGMAX: return CometLayerAccess<Dtype>::argmax(layer)->data().get();
     case CometActions::BINARY: return CometLayerAccess<Dtype>::dropout_mask(layer)->data().get();
-    case CometActions::RECOMPUTE: return CometLayerAccess<Dtype>::lrn_scale(layer)->data().get();
+    case CometActions::RECOMPUTE:
+      return CometLayerAccess<Dtype>::lrn_recomputed(layer, part)->data().get();
     case CometActions::REBUILD: return CometLayerAccess<Dtype>::rebuildable(layer)->data().get();
     case CometActions::KEEP:
     case CometActions::LOSSY: return CometLayerAccess<Dtype>::lossy_buffer(layer)->data().get();
@@ -68,14 +70,15 @@ template <typename Dtype>
 struct CometStore<Dtype>::Orphan {
   Net<Dtype>* net;
   std::vector<std::vector<int> > tops_written;     // layer -> blob ids (plan_.tops_written)
-  std::vector<std::vector<Action> > private_buffers;  // layer -> its stored buffers (`buffer`)
+  // layer -> its stored buffers (`buffer`, `part`)
+  std::vector<std::vector<std::pair<Action, int> > > private_buffers;
 
   void BeforeForward(int layer) const {
     const std::vector<int>& ids = tops_written[layer];
     for (int k = 0; k < ids.size(); ++k) net->blobs()[ids[k]]->data()->comet_payload().reset();
     for (int k = 0; k < private_buffers[layer].size(); ++k)
-      PrivateBufferOf(net->layers()[layer].get(), private_buffers[layer][k])
-          ->comet_payload().reset();
+      PrivateBufferOf(net->layers()[layer].get(), private_buffers[layer][k].first,
+                      private_buffers[layer][k].second)->comet_payload().reset();
     ForgetDiffs(net->bottom_vecs()[layer]);
     ForgetDiffs(net->top_vecs()[layer]);
   }
@@ -129,7 +132,7 @@ void CometStore<Dtype>::LeaveNet() {
   for (int layer = 0; layer < plan_.private_of_layer.size(); ++layer) {
     for (int k = 0; k < plan_.private_of_layer[layer].size(); ++k) {
       const Entry& e = entries_[plan_.private_of_layer[layer][k]];
-      orphan->private_buffers[layer].push_back(e.buffer);
+      orphan->private_buffers[layer].push_back(std::make_pair(e.buffer, e.part));
       SyncedMemory* mem = PrivateBuffer(e);
       if ((e.action == RECOMPUTE || e.action == REBUILD) && !mem->comet_payload() &&
           mem->head() == SyncedMemory::UNINITIALIZED)
@@ -855,7 +858,7 @@ void CometStore<Dtype>::DropFillMarkers(int layer, bool diff) {
 
 template <typename Dtype>
 SyncedMemory* CometStore<Dtype>::PrivateBuffer(const Entry& e) const {
-  return PrivateBufferOf(net_->layers()[e.layer].get(), e.buffer);
+  return PrivateBufferOf(net_->layers()[e.layer].get(), e.buffer, e.part);
 }
 
 template <typename Dtype>
@@ -1350,6 +1353,13 @@ void CometStore<Dtype>::AfterBackward(int layer) {
     mem->comet_release();  // decoded for backward; the compressed copy goes back on
     mem->comet_payload() = e.stored;
   }
+  // LRN within a channel: its internal layers' gradients (five, each as large as its input) are
+  // written and read inside its backward only.
+  const std::vector<Blob<Dtype>*> internal =
+      param_.release_diffs() && plan_.facts[layer].private_buffer == CometLayerFacts::LRN_WITHIN
+          ? CometLayerAccess<Dtype>::lrn_internal_diffs(net_->layers()[layer].get())
+          : std::vector<Blob<Dtype>*>();
+  for (int k = 0; k < internal.size(); ++k) internal[k]->diff()->comet_release();
   const std::vector<int>& diffs = plan_.diff_release[layer];
   for (int k = 0; k < diffs.size(); ++k) {
     SyncedMemory* mem = net_->blobs()[diffs[k]]->diff().get();

@@ -1261,32 +1261,71 @@ TEST_F(CometPayloadTest, ReluGradientFromTheMaskIsExact) {
   }
 }
 
+// An LRN layer (alpha 1, so that the term its input's errors move matters; beta 0.75) on
+// activations of the given shape, run forward and backward once from a Gaussian output
+// gradient: the exact input gradient, input and output the lossy runs compare with.
+struct LrnOnActivations {
+  LrnOnActivations(int num, int channels, int height, int width, int local_size, bool within,
+                   unsigned seed)
+      : bottom(num, channels, height, width), bv(1, &bottom), tv(1, &top), down(1, true) {
+    FillActivations(&bottom, 0.5f, 3.f, seed);
+    lp.mutable_lrn_param()->set_local_size(local_size);
+    lp.mutable_lrn_param()->set_alpha(1.f);
+    lp.mutable_lrn_param()->set_beta(0.75f);
+    if (within) lp.mutable_lrn_param()->set_norm_region(LRNParameter_NormRegion_WITHIN_CHANNEL);
+    lrn.reset(new LRNLayer<float>(lp));
+    lrn->SetUp(bv, tv);
+    lrn->Forward(bv, tv);
+    FillerParameter fp;
+    fp.set_std(1.f);
+    GaussianFiller<float> filler(fp);
+    dy.Reshape(top.shape());
+    filler.Fill(&dy);
+    Backward();
+    exact.assign(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
+    x.assign(bottom.cpu_data(), bottom.cpu_data() + bottom.count());
+    y.assign(top.cpu_data(), top.cpu_data() + top.count());
+  }
+  void Backward() {
+    caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
+    lrn->Backward(tv, down, bv);
+  }
+  // The RMS error per unit of bound that LRN's adaptive rule estimates (bounds.cpp,
+  // LrnErrorPerBound) over windows of n values: (2ab / (n k sqrt 3)) sqrt(n^2 E[dy^2 y^2] +
+  // n E[x^2] E[dy^2]).
+  double RuleEstimate(double n, double k) const {
+    double dyy = 0, xx = 0, dd = 0;
+    for (int i = 0; i < y.size(); ++i) {
+      const double g = dy.cpu_data()[i];
+      dyy += g * g * y[i] * y[i];
+      xx += x[i] * x[i];
+      dd += g * g;
+    }
+    const double m = y.size();
+    return 2.0 * lp.lrn_param().alpha() * lp.lrn_param().beta() / (n * k * std::sqrt(3.0)) *
+           std::sqrt(n * n * dyy / m + n * (xx / m) * (dd / m));
+  }
+  Blob<float> bottom, top, dy;
+  std::vector<Blob<float>*> bv, tv;
+  std::vector<bool> down;
+  LayerParameter lp;
+  shared_ptr<LRNLayer<float> > lrn;
+  std::vector<float> exact, x, y;
+};
+
 // LRN's backward reads its input x and output y. With both stored at bound eb (its internal scale
 // s >= k stays exact), the input gradient of element c moves by at most
 // (2 alpha beta / n) eb / k * sum over its window c' of |dy_c'| (|y_c'| + |x_c| + eb).
 TEST_F(CometPayloadTest, LrnGradientErrorStaysWithinItsBound) {
   const int N = 2, C = 7, H = 5, W = 6, n = 5;
-  Blob<float> bottom(N, C, H, W), top;
-  std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
-  FillActivations(&bottom, 0.5f, 3.f, 13);
-  LayerParameter lp;
-  lp.mutable_lrn_param()->set_local_size(n);
-  lp.mutable_lrn_param()->set_alpha(1.f);  // large, so the second term matters
-  lp.mutable_lrn_param()->set_beta(0.75f);
-  LRNLayer<float> lrn(lp);
-  lrn.SetUp(bv, tv);
-  lrn.Forward(bv, tv);
-  FillerParameter fp;
-  fp.set_std(1.f);
-  GaussianFiller<float> filler(fp);
-  Blob<float> dy(top.shape());
-  filler.Fill(&dy);
-  caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
-  const std::vector<bool> down(1, true);
-  lrn.Backward(tv, down, bv);
-  std::vector<float> exact(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
-  std::vector<float> x(bottom.cpu_data(), bottom.cpu_data() + bottom.count());
-  std::vector<float> y(top.cpu_data(), top.cpu_data() + top.count());
+  LrnOnActivations t(N, C, H, W, n, false, 13);
+  Blob<float>& bottom = t.bottom;
+  Blob<float>& top = t.top;
+  const Blob<float>& dy = t.dy;
+  const LayerParameter& lp = t.lp;
+  const std::vector<float>& exact = t.exact;
+  const std::vector<float>& x = t.x;
+  const std::vector<float>& y = t.y;
   const double ebs[] = {1e-1, 1e-3};
   double worst[2], tightest = 0;  // tightest: largest error / bound seen
   double sq[2] = {0, 0};          // sum of squared errors
@@ -1297,8 +1336,7 @@ TEST_F(CometPayloadTest, LrnGradientErrorStaysWithinItsBound) {
     shared_ptr<CometPayload> py = CometEncodeLossy(y.data(), top.shape(), false, eb, "y");
     ASSERT_TRUE(CometDecode(*px, bottom.mutable_cpu_data(), &error)) << error;
     ASSERT_TRUE(CometDecode(*py, top.mutable_cpu_data(), &error)) << error;
-    caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
-    lrn.Backward(tv, down, bv);
+    t.Backward();
     const double c0 = 2.0 * lp.lrn_param().alpha() * lp.lrn_param().beta() / n * eb /
                       lp.lrn_param().k();
     worst[k] = 0;
@@ -1316,19 +1354,9 @@ TEST_F(CometPayloadTest, LrnGradientErrorStaysWithinItsBound) {
         tightest = std::max(tightest, err / (c0 * sum));
         sq[k] += err * err;
       }
-    // The RMS estimate the adaptive LRN rule uses (store.cpp, LrnErrorPerBound) bounds the RMS
-    // error: eb (2ab / (n k sqrt 3)) sqrt(n^2 E[dy^2 y^2] + n E[x^2] E[dy^2]).
-    double dyy = 0, xx = 0, dd = 0;
-    for (int i = 0; i < top.count(); ++i) {
-      const double g = dy.cpu_data()[i];
-      dyy += g * g * y[i] * y[i];
-      xx += x[i] * x[i];
-      dd += g * g;
-    }
+    // The RMS estimate the adaptive LRN rule uses bounds the RMS error.
     const double m = top.count();
-    const double per_eb = 2.0 * lp.lrn_param().alpha() * lp.lrn_param().beta() /
-                          (n * lp.lrn_param().k() * std::sqrt(3.0)) *
-                          std::sqrt(n * n * dyy / m + n * (xx / m) * (dd / m));
+    const double per_eb = t.RuleEstimate(n, lp.lrn_param().k());
     const double rms = std::sqrt(sq[k] / m);
     EXPECT_LE(rms, eb * per_eb) << "at eb " << eb;
     EXPECT_GT(rms, 0.05 * eb * per_eb) << "the estimate is far looser than the error, eb " << eb;
@@ -1336,6 +1364,42 @@ TEST_F(CometPayloadTest, LrnGradientErrorStaysWithinItsBound) {
   EXPECT_GT(worst[0], 0) << "no error at all at eb 0.1?";
   EXPECT_LT(worst[1], worst[0]) << "a tighter bound must give a smaller gradient error";
   EXPECT_GT(tightest, 0.05) << "the bound is far looser than the errors it bounds";
+}
+
+// Within a channel LRN's backward reads its input and its internal outputs, computed from the
+// input (again from the restored, lossy input with recompute_lrn; else kept from the forward on
+// the exact one): either way the RMS error of its input gradient stays below LRN's rule, with n
+// = local_size^2 values per window and k = 1 (bounds.cpp, LrnErrorPerBound).
+TEST_F(CometPayloadTest, LrnWithinAChannelGradientErrorStaysWithinItsEstimate) {
+  const int size = 3;
+  LrnOnActivations t(2, 4, 9, 11, size, true, 17);
+  Blob<float>& bottom = t.bottom;
+  const Blob<float>& top = t.top;
+  const std::vector<float>& exact = t.exact;
+  const std::vector<float>& x = t.x;
+  const double m = top.count();
+  const double per_eb = t.RuleEstimate(size * size, 1.);  // k = 1 within a channel
+  const double ebs[] = {1e-1, 1e-2};
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    double rms[2];
+    for (int k = 0; k < 2; ++k) {
+      caffe_copy(bottom.count(), x.data(), bottom.mutable_cpu_data());
+      t.lrn->Forward(t.bv, t.tv);  // the internal outputs of the exact input
+      std::string error;
+      shared_ptr<CometPayload> px = CometEncodeLossy(x.data(), bottom.shape(), false, ebs[k], "x");
+      ASSERT_TRUE(CometDecode(*px, bottom.mutable_cpu_data(), &error)) << error;
+      if (recompute) t.lrn->Forward(t.bv, t.tv);
+      t.Backward();
+      double sq = 0;
+      for (int i = 0; i < m; ++i) sq += std::pow(bottom.cpu_diff()[i] - exact[i], 2);
+      rms[k] = std::sqrt(sq / m);
+      EXPECT_LE(rms[k], ebs[k] * per_eb) << "recompute " << recompute << ", eb " << ebs[k];
+      EXPECT_GT(rms[k], 0.05 * ebs[k] * per_eb)
+          << "the estimate is far looser than the error: recompute " << recompute << ", eb "
+          << ebs[k];
+    }
+    EXPECT_LT(rms[1], rms[0]) << "a tighter bound must give a smaller gradient error";
+  }
 }
 
 TEST_F(CometPayloadTest, ReluBackwardFromTheMaskMatchesReluLayerBitForBit) {
@@ -2022,6 +2086,8 @@ class CometStoreTest : public ::testing::Test {
   void CheckOutputDerivatives();
   // PReLU's inputs lossy with their signs exact (defined below).
   void CheckPReLU();
+  // LRN within a channel: input lossy, internal buffers recomputed (defined below).
+  void CheckLrnWithinChannel();
 
   // conv, ReLU, max pooling with overlapping windows, LRN across channels, Dropout: a net with
   // every kind of layer-private buffer the store keeps (Caffe's engines, named).
@@ -3637,6 +3703,116 @@ void CometStoreTest::CheckPReLU() {
 
 TEST_F(CometStoreTest, PReLUInputsAreLossyWithExactSigns) { CheckPReLU(); }
 
+// LRN within a channel (upstream's CIFAR-10 full net: after max pooling and ReLU, and after
+// average pooling) runs internal layers whose outputs (the squares, their window means, the
+// scale s^-beta) and gradients are each as large as its input, and its backward never reads its
+// output. Its input is stored lossy under LRN's rule, and the internal outputs are freed and
+// computed again from the restored input before the backward (recompute_lrn: right after the
+// forward; else after the backward), the gradients after the backward. Lossless, training is
+// bit for bit COMET off's.
+void CometStoreTest::CheckLrnWithinChannel() {
+  const std::string net =
+      "name: 'lcn' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
+      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3.99 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+      "num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.2 } "
+      "bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' "
+      "pooling_param { pool: MAX kernel_size: 3 stride: 2 } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'pool1' top: 'pool1' } "
+      "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' lrn_param { local_size: 3 "
+      "alpha: 0.5 beta: 0.75 norm_region: WITHIN_CHANNEL engine: CAFFE } } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'norm1' top: 'conv2' convolution_param { "
+      "num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.2 } "
+      "bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'relu2' type: 'ReLU' bottom: 'conv2' top: 'conv2' } "
+      "layer { name: 'pool2' type: 'Pooling' bottom: 'conv2' top: 'pool2' "
+      "pooling_param { pool: AVE kernel_size: 3 stride: 2 } } "
+      "layer { name: 'norm2' type: 'LRN' bottom: 'pool2' top: 'norm2' lrn_param { local_size: 3 "
+      "alpha: 0.5 beta: 0.75 norm_region: WITHIN_CHANNEL engine: CAFFE } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'norm2' top: 'ip' inner_product_param { "
+      "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const char* parts[] = {"squares", "means", "scale"};
+  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01");
+  Run(off.get(), 4);
+  const std::vector<float> reference = Params(off.get());
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    const std::string block = std::string("comet { compress_type: 'None' recompute_lrn: ") +
+                              (recompute ? "true" : "false") + " }";
+    shared_ptr<Solver<float> > exact = SolverFor(net, block, "0.01");
+    Run(exact.get(), 4);
+    const std::vector<float> got = Params(exact.get());
+    ASSERT_EQ(got.size(), reference.size());
+    for (int i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], reference[i]) << block << " param " << i;
+    int recomputed = 0;
+    for (int e = 0; e < exact->comet()->entries().size(); ++e) {
+      const CometStore<float>::Entry& en = exact->comet()->entries()[e];
+      if (en.layer < 0 || en.name.substr(0, 4) != "norm") continue;
+      EXPECT_EQ(en.action, CometStore<float>::RECOMPUTE) << en.blob;
+      EXPECT_EQ(en.blob, en.name + " " + parts[en.part]);
+      recomputed += en.action == CometStore<float>::RECOMPUTE;
+    }
+    EXPECT_EQ(recomputed, 6) << "three internal outputs of each of norm1 and norm2";
+    // Between forward and backward (recompute_lrn) the internal outputs hold nothing; after the
+    // backward neither they nor the internal gradients do.
+    caffe::Net<float>* n = exact->net().get();
+    Layer<float>* norm1 = n->layer_by_name("norm1").get();
+    n->ClearParamDiffs();
+    n->Forward();
+    for (int p = 0; p < 3; ++p) {
+      EXPECT_EQ(CometLayerAccess<float>::lrn_recomputed(norm1, p)->data()->head() ==
+                    SyncedMemory::UNINITIALIZED,
+                recompute == 1)
+          << block << ": " << parts[p];
+    }
+    n->Backward();
+    for (int p = 0; p < 3; ++p) {
+      EXPECT_EQ(CometLayerAccess<float>::lrn_recomputed(norm1, p)->data()->head(),
+                SyncedMemory::UNINITIALIZED)
+          << block << ": " << parts[p];
+    }
+    const std::vector<Blob<float>*> diffs = CometLayerAccess<float>::lrn_internal_diffs(norm1);
+    ASSERT_EQ(diffs.size(), 5);
+    for (int d = 0; d < diffs.size(); ++d)
+      EXPECT_EQ(diffs[d]->diff()->head(), SyncedMemory::UNINITIALIZED) << block << ": diff " << d;
+  }
+
+  // Lossy: LRN's input (pool1 with relu1's signs, pool2) and output (read by conv2 and ip) are
+  // stored, not kept; the weight gradients stay near COMET off's.
+  shared_ptr<Solver<float> > on = SolverFor(
+      net, "comet { eb_mode: ADAPTIVE update_interval: 1 tiled_gemm: false }", "0.01");
+  shared_ptr<Solver<float> > dense = SolverFor(
+      net, "comet { eb_mode: ADAPTIVE update_interval: 1 compress_type: 'Convolution' "
+           "compress_type: 'InnerProduct' tiled_gemm: false }", "0.01");
+  Run(on.get(), 3);
+  Run(dense.get(), 3);
+  std::map<std::string, const CometStore<float>::Entry*> by_blob;
+  for (int e = 0; e < on->comet()->entries().size(); ++e)
+    by_blob[on->comet()->entries()[e].blob] = &on->comet()->entries()[e];
+  const char* lossy[] = {"pool1", "norm1", "pool2", "norm2"};
+  for (int b = 0; b < 4; ++b) {
+    ASSERT_TRUE(by_blob.count(lossy[b])) << lossy[b];
+    EXPECT_EQ(by_blob[lossy[b]]->action, CometStore<float>::LOSSY) << lossy[b];
+  }
+  EXPECT_TRUE(by_blob["pool1"]->signs) << "relu1 reads pool1's signs";
+  EXPECT_LT(on->comet()->memory().peak[CometMemory::ACTIVATIONS],
+            dense->comet()->memory().peak[CometMemory::ACTIVATIONS]);
+  StepBothFromTheSameWeights(on.get(), off.get());
+  const char* layers[] = {"conv1", "conv2", "ip"};
+  for (int l = 0; l < 3; ++l) {
+    const double error = WeightGradientError(on.get(), off.get(), layers[l]);
+    EXPECT_GT(error, 0) << layers[l] << ": its input, or a gradient through LRN, was lossy";
+    EXPECT_LT(error, 0.1) << layers[l];
+  }
+  EXPECT_NE(on->comet()->bound("norm1"), 1e-3f) << "norm1's bound follows conv2's, which adapts";
+}
+
+TEST_F(CometStoreTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) {
+  CheckLrnWithinChannel();
+}
+
 TEST_F(CometStoreTest, SigmoidTanHAndELUOutputsAreStoredUnderTheirOwnBound) {
   CheckOutputDerivatives();
 }
@@ -3925,6 +4101,9 @@ TEST_F(CometGPUTest, BuffersOfFrozenLayersAreFreedAfterTheirForward) {
 }
 TEST_F(CometGPUTest, GlobalStatisticsBatchNormKeepsNoDenseXNorm) { CheckGlobalStatistics(); }
 TEST_F(CometGPUTest, PReLUInputsAreLossyWithExactSigns) { CheckPReLU(); }
+TEST_F(CometGPUTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) {
+  CheckLrnWithinChannel();
+}
 TEST_F(CometGPUTest, SigmoidTanHAndELUOutputsAreStoredUnderTheirOwnBound) {
   CheckOutputDerivatives();
 }

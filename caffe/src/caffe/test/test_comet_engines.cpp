@@ -58,21 +58,22 @@ TEST(CometEnginesTest, LayersWhoseCuDNNBackwardReadsBothGetCaffesEngine) {
   NetParameter np = Layers();
   const std::vector<std::string> changed = CometChooseEngines(SolverParam("comet { }"), &np);
   // a leaky ReLU too: cuDNN's class would run Caffe's Backward for it, but the class is cuDNN's
-  const char* expect[] = {"relu", "leaky", "lrn", "avg", "sig", "tanh", "soft"};
-  ASSERT_EQ(changed, std::vector<std::string>(expect, expect + 7));
+  const char* expect[] = {"relu", "leaky", "lrn", "lcn", "avg", "sig", "tanh", "soft"};
+  ASSERT_EQ(changed, std::vector<std::string>(expect, expect + 8));
   EXPECT_EQ(ByName(np, "leaky").relu_param().engine(), ReLUParameter_Engine_CAFFE);
   EXPECT_EQ(ByName(np, "relu").relu_param().engine(), ReLUParameter_Engine_CAFFE);
   EXPECT_EQ(ByName(np, "lrn").lrn_param().engine(), LRNParameter_Engine_CAFFE);
+  EXPECT_EQ(ByName(np, "lcn").lrn_param().engine(), LRNParameter_Engine_CAFFE);
   EXPECT_EQ(ByName(np, "avg").pooling_param().engine(), PoolingParameter_Engine_CAFFE);
   EXPECT_EQ(ByName(np, "sig").sigmoid_param().engine(), SigmoidParameter_Engine_CAFFE);
   EXPECT_EQ(ByName(np, "tanh").tanh_param().engine(), TanHParameter_Engine_CAFFE);
   EXPECT_EQ(ByName(np, "soft").softmax_param().engine(), SoftmaxParameter_Engine_CAFFE);
-  // a named engine, cuDNN's LCN, max pooling (Caffe's in upstream's factory), the convolution
-  // and the loss keep what they had
+  // a named engine, max pooling (Caffe's in upstream's factory), the convolution and the loss
+  // keep what they had
   EXPECT_EQ(ByName(np, "relu_cudnn").relu_param().engine(), ReLUParameter_Engine_CUDNN);
-  const char* untouched[] = {"conv", "lcn", "max", "loss"};
+  const char* untouched[] = {"conv", "max", "loss"};
   NetParameter before = Layers();
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 3; ++i)
     EXPECT_EQ(ByName(np, untouched[i]).DebugString(), ByName(before, untouched[i]).DebugString())
         << untouched[i];
 }

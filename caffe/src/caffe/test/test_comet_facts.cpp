@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 
 #include "caffe/blob.hpp"
+#include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/layer_facts.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/common.hpp"
@@ -577,6 +578,35 @@ TEST_F(CometFactsTest, SigmoidTanHAndELUNameTheirDerivative) {
   EXPECT_TRUE(elu.lossy_input);
   EXPECT_EQ(elu.read_bottom(0), COMET_READS_SIGN);  // where x > 0, dx = dy
   EXPECT_EQ(elu.read_top(0), COMET_READS_VALUE);
+}
+
+// LRN reads its input's values, lossy under LRN's rule, in both regions. Within a channel its
+// backward reads its internal outputs (computed again from the input) and never its own output,
+// on the CPU and the GPU alike (the read is proven with the other rows).
+TEST_F(CometFactsTest, LRNWithinAChannelRecomputesItsInternalsAndReadsNoOutput) {
+  Blob<float> x(S(2, 3, 5, 5)), y;
+  std::vector<Blob<float>*> bottom(1, &x), top(1, &y);
+  LayerParameter lp;
+  lp.mutable_lrn_param()->set_norm_region(LRNParameter_NormRegion_WITHIN_CHANNEL);
+  LRNLayer<float> within(lp);
+  within.SetUp(bottom, top);
+  const CometLayerFacts f = CometFactsRegistry<float>::Of(within, bottom, top);
+  EXPECT_EQ(f.private_buffer, CometLayerFacts::LRN_WITHIN);
+  EXPECT_TRUE(f.lossy_input);
+  EXPECT_FALSE(f.adaptive);  // no weights: LRN's own rule
+  EXPECT_EQ(f.read_bottom(0), COMET_READS_VALUE);
+  EXPECT_EQ(f.read_top(0), COMET_READS_NOTHING);
+  for (int p = 0; p < 3; ++p) {
+    ASSERT_TRUE(CometLayerAccess<float>::lrn_recomputed(&within, p) != NULL) << p;
+    EXPECT_EQ(CometLayerAccess<float>::lrn_recomputed(&within, p)->count(), x.count()) << p;
+  }
+  EXPECT_TRUE(CometLayerAccess<float>::lrn_recomputed(&within, 3) == NULL);
+  EXPECT_EQ(CometLayerAccess<float>::lrn_internal_diffs(&within).size(), 5);
+  LRNLayer<float> across((LayerParameter()));
+  across.SetUp(bottom, top);
+  EXPECT_EQ(CometFactsRegistry<float>::Of(across, bottom, top).private_buffer,
+            CometLayerFacts::LRN_SCALE);
+  EXPECT_TRUE(CometLayerAccess<float>::lrn_internal_diffs(&across).empty());
 }
 
 #ifndef CPU_ONLY

@@ -231,6 +231,44 @@ TEST_F(CometPlanTest, PReLUInputsAreLossyWithTheirSigns) {
   EXPECT_EQ(copies, 1);
 }
 
+// LRN within a channel, as in upstream's CIFAR-10 full net (pooling, ReLU in place, LRN, conv):
+// its input is lossy with relu1's signs under LRN's rule, which follows conv2's (the reader of
+// LRN's output); its output, which its backward never reads, is stored for conv2 alone; its
+// three internal outputs are entries of their own, recomputed from the input.
+TEST_F(CometPlanTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) {
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+        "layer { name: 'pool1' type: 'Pooling' bottom: 'conv1' top: 'pool1' pooling_param { "
+        "pool: MAX kernel_size: 2 stride: 2 } } " + InPlace("relu1", "ReLU", "pool1") +
+        "layer { name: 'norm1' type: 'LRN' bottom: 'pool1' top: 'norm1' lrn_param { "
+        "local_size: 3 alpha: 5e-05 beta: 0.75 norm_region: WITHIN_CHANNEL } } " +
+        Conv("conv2", "norm1", 4) +
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv2' top: 'ip' inner_product_param { "
+        "num_output: 3" + kFill + "} } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ",
+        "recompute_lrn: true");
+  ASSERT_EQ(ActionOf("pool1"), CometActions::LOSSY);
+  EXPECT_TRUE(EntryOf("pool1")->signs);
+  const CometPlanBound& lrn = plan_.bounds[EntryOf("pool1")->eb_layers[0]];
+  EXPECT_EQ(lrn.rule, CometPlanBound::LRN);
+  ASSERT_GE(lrn.follow, 0);
+  EXPECT_EQ(plan_.bounds[lrn.follow].layer, "conv2");
+  ASSERT_EQ(ActionOf("norm1"), CometActions::LOSSY);
+  EXPECT_EQ(EntryOf("norm1")->name, "conv2");
+  const char* parts[] = {"norm1 squares", "norm1 means", "norm1 scale"};
+  std::vector<int> own = plan_.private_of_layer[Layer("norm1")];
+  ASSERT_EQ(own.size(), 3u);
+  for (int p = 0; p < 3; ++p) {
+    const CometPlanEntry& en = plan_.entries[own[p]];
+    EXPECT_EQ(en.blob, parts[p]);
+    EXPECT_EQ(en.part, p);
+    EXPECT_EQ(en.action, CometActions::RECOMPUTE);
+  }
+  std::ostringstream log;
+  log << DescribeCometPlan(plan_, *net_, param_);
+  EXPECT_NE(log.str().find("blob norm1 means -> freed after norm1 forward, recomputed before its "
+                           "backward"), std::string::npos) << log.str();
+}
+
 // A residual block: Convolution, BatchNorm, Scale and ReLU in place on one blob, a shortcut
 // through Split, Eltwise SUM, ReLU in place, global average pooling.
 TEST_F(CometPlanTest, AResidualBlockMasksAndCompressesWhatItCan) {
