@@ -3777,6 +3777,12 @@ void CometStoreTest::CheckLrnWithinChannel() {
     ASSERT_EQ(diffs.size(), 5);
     for (int d = 0; d < diffs.size(); ++d)
       EXPECT_EQ(diffs[d]->diff()->head(), SyncedMemory::UNINITIALIZED) << block << ": diff " << d;
+    // A second backward without a forward (pycaffe) computes them again: the same gradients.
+    Blob<float>* w = n->layer_by_name("conv1")->blobs()[0].get();
+    const std::vector<float> first(w->cpu_diff(), w->cpu_diff() + w->count());
+    n->ClearParamDiffs();
+    n->Backward();
+    EXPECT_EQ(MaxAbsDiff(first.data(), w->cpu_diff(), w->count()), 0.f) << block;
   }
 
   // Lossy: LRN's input (pool1 with relu1's signs, pool2) and output (read by conv2 and ip) are
