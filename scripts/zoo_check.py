@@ -178,6 +178,10 @@ NETS = [
     ZooNet("cifar10_full", "upstream:examples/cifar10/cifar10_full_train_test.prototxt", 8,
            {"data": _image(3, 32, 32), "label": ("label", 10)}, base_lr=0.02,
            note="LRN WITHIN_CHANNEL, average pooling"),
+    ZooNet("cifar10_sigmoid", "upstream:examples/cifar10/cifar10_full_sigmoid_train_test.prototxt", 8,
+           {"data": _image(3, 32, 32), "label": ("label", 10)}, base_lr=0.001,
+           note="Sigmoid without BatchNorm: each output read by its own backward and the next "
+                "convolution, under the tighter of the derivative rule and the weight rule"),
     ZooNet("cifar10_sigmoid_bn", "upstream:examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt", 8,
            {"data": _image(3, 32, 32), "label": ("label", 10)}, base_lr=0.001,
            note="BatchNorm without Scale, not in place; Sigmoid; max then average pooling"),

@@ -20,7 +20,7 @@ SCRIPT = REPO / "scripts" / "zoo_check.py"
 CHECKS = ("iter0", "ran", "freed", "loss", "grad", "stored")
 # issue 9, item 4: upstream's models/ and examples/ that the CPU build runs, ours, and the ResNet
 ZOO = {"caffenet", "alexnet", "googlenet", "flickr_style", "cifar10_quick", "cifar10_quick_prelu", "cifar10_full",
-       "cifar10_sigmoid_bn", "lenet",
+       "cifar10_sigmoid", "cifar10_sigmoid_bn", "lenet",
        "mnist_autoencoder", "siamese", "comet_tiny", "caffenet_dogs", "resnet18_dogs", "resnet18_frozen",
        "hdf5_nonlinear", "pycaffe_linreg"}
 
