@@ -769,6 +769,10 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
                 stored = dense if action == "keep" else 0.0
             elif action == "release" and owner in info["first_top_counts"]:  # a frozen layer's buffer, freed
                 dense, stored = 4.0 * info["first_top_counts"][owner], 0.0
+            elif action == "until-backward" and owner in info["first_top_counts"]:
+                # LRN's scale (within a channel its internal outputs): as large as its output, the
+                # store does not count what it holds dense until LRN's backward
+                dense = stored = 4.0 * info["first_top_counts"][owner]
             else:  # a layer's private buffer the store reports no bytes for
                 dense = stored = None
             blobs.append({"blob": blob, "layer": r["layer"] if r else "", "action": r["kind"] if r else action,

@@ -292,6 +292,30 @@ def test_upstreams_consolidated_lenet_solver_plans(tmp_path):
     assert {row["blob"] for row in doc["layers"]} >= {"conv1", "pool1", "ip1"}
 
 
+@WF_NEEDS_BUILD
+def test_lrn_buffers_held_until_backward_count_their_size(tmp_path):
+    """Upstream's CIFAR-10 full net: LRN within a channel keeps its internal layers' outputs (squares, window
+    means, scale), each as large as its output, until its backward; the table listed them without bytes."""
+    from cometctl.paths import pycaffe_dir
+
+    net = pycaffe_dir().parent / "examples" / "cifar10" / "cifar10_full_train_test.prototxt"
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{net}"\nbase_lr: 0.001\nlr_policy: "fixed"\nmax_iter: 10\nsolver_mode: CPU\n'
+                      f'snapshot_prefix: "{tmp_path}/s"\n')
+    r = _cometctl("plan", "--solver", str(solver), "--cpu", "--synthetic-input", "--input-shape", "data=3x32x32",
+                  "--measure", "4,8", "--iters", "2", "--json", str(tmp_path / "plan.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    by_blob = {row["blob"]: row for row in doc["layers"]}
+    for lrn, maps in (("norm1", 32 * 16 * 16), ("norm2", 32 * 8 * 8)):
+        assert by_blob[lrn]["action"] == "lossy"  # read by the next convolution; LRN's backward does not read it
+        for part in ("squares", "means", "scale"):
+            row = by_blob[f"{lrn} {part}"]
+            assert row["action"] == "until-backward", row
+            assert math.isclose(row["dense_bytes"], 4 * maps * doc["solver_batch"], rel_tol=1e-6), row
+            assert row["stored_bytes"] == row["dense_bytes"], row
+
+
 def test_the_solvers_train_state_chooses_the_layers(wf_pb2):
     """Caffe builds the train net in phase TRAIN plus the net's `state` and the solver's `train_state`
     (level, stages): plan assumed level 0 and no stages, so a net whose layers pick a stage was measured
