@@ -39,7 +39,10 @@ struct CometLayerFacts {
   // Backward computes f'(x) from its output y: Sigmoid y (1 - y), TanH 1 - y^2, ELU alpha + y
   // where x <= 0 (1 elsewhere, from x's sign). An error e in y moves it by about e (1 - 2y),
   // -2 y e or e, which the derivative rule of docs/comet.md bounds.
-  enum Derivative { NO_DERIVATIVE = 0, SIGMOID_OF_OUTPUT, TANH_OF_OUTPUT, ELU_OF_OUTPUT };
+  // Exp: dx = c dy y (c = log(base) scale), so an error e in y moves dx by c dy e. Softmax:
+  // dx = y (dy - sum(dy y)) along its axis, moved by e (dy - sum(dy y)) - y sum(dy e).
+  enum Derivative { NO_DERIVATIVE = 0, SIGMOID_OF_OUTPUT, TANH_OF_OUTPUT, ELU_OF_OUTPUT,
+                    EXP_OF_OUTPUT, SOFTMAX_OF_OUTPUT };
   CometLayerFacts()
       : known(false), lossy_input(false), adaptive(false), exact_sign(false),
         relu_from_mask(false), fills_whole(false), private_buffer(NO_PRIVATE),

@@ -342,26 +342,54 @@ double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
   return 2. * p.alpha() * p.beta() / (n * k * std::sqrt(3.)) * std::sqrt(n * n * dyy + n * xx * dd);
 }
 
-// Sigmoid, TanH and ELU compute dx = dy f'(y) from their output y: f' = y (1 - y), 1 - y^2, or
-// alpha + y where x <= 0 (ELU; 1 elsewhere, from x's exact sign). An error e in y (|e| <= eb,
-// uniform) moves f' by e (1 - 2y) - e^2, -(2 y e + e^2) or e; to first order the RMS error of dx
-// is eb sqrt(E[dy^2 g^2] / 3), g = 1 - 2y, 2y, or 1 where y <= 0 and 0 elsewhere (each element's
-// error is its own: nothing sums errors over values, so their correlation does not matter).
-// Returns that per unit of bound, from the y the backward is about to read. The e^2 term stays
-// below eb times the first one wherever |g| >= eb (for Sigmoid, y no nearer 0.5 than eb / 2).
+// Sigmoid, TanH, ELU and Exp compute dx = dy f'(y) from their output y: f' = y (1 - y), 1 - y^2,
+// alpha + y where x <= 0 (ELU; 1 elsewhere, from x's exact sign), or c y (Exp, c = log(base)
+// scale). An error e in y (|e| <= eb, uniform) moves f' by e (1 - 2y) - e^2, -(2 y e + e^2), e
+// or c e; to first order the RMS error of dx is eb sqrt(E[dy^2 g^2] / 3), g = 1 - 2y, 2y, 1 where
+// y <= 0 and 0 elsewhere, or c (each element's error is its own: nothing sums errors over values,
+// so their correlation does not matter). The e^2 term stays below eb times the first one
+// wherever |g| >= eb (for Sigmoid, y no nearer 0.5 than eb / 2).
+// Softmax computes dx_i = y_i (dy_i - s), s = sum_j dy_j y_j along its axis: an error e moves it
+// by e_i (dy_i - s) - y_i sum_j dy_j e_j, an RMS of eb sqrt(E[(dy_i - s)^2 + y_i^2 sum_j dy_j^2]
+// / 3) with the errors independent along the axis (their sum over j is the one place they meet).
+// Returns that per unit of bound, from the y the backward is about to read.
 template <typename Dtype>
 double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) const {
   const Blob<Dtype>* y = net_->top_vecs()[layer][0];
   const CometLayerFacts::Derivative kind = derivative_[layer];
   CHECK_NE(kind, CometLayerFacts::NO_DERIVATIVE) << net_->layer_names()[layer];
+  const LayerParameter& lp = net_->layers()[layer]->layer_param();
   const Dtype* yd = y->cpu_data();
   const Dtype* dy = y->cpu_diff();
   double sum = 0, m1 = 0, m2 = 0;
+  if (kind == CometLayerFacts::SOFTMAX_OF_OUTPUT) {
+    const int axis = y->CanonicalAxisIndex(lp.softmax_param().axis());
+    const int outer = y->count(0, axis), channels = y->shape(axis), inner = y->count(axis + 1);
+    for (int o = 0; o < outer; ++o) {
+      for (int k = 0; k < inner; ++k) {
+        const size_t at = static_cast<size_t>(o) * channels * inner + k;
+        double s = 0, d = 0;
+        for (int c = 0; c < channels; ++c) {
+          s += static_cast<double>(dy[at + c * inner]) * yd[at + c * inner];
+          d += static_cast<double>(dy[at + c * inner]) * dy[at + c * inner];
+        }
+        for (int c = 0; c < channels; ++c) {
+          const double g = dy[at + c * inner] - s, v = yd[at + c * inner];
+          sum += g * g + v * v * d;
+        }
+      }
+    }
+  }
+  const ExpParameter& ep = lp.exp_param();
+  const double c = ep.scale() * (ep.base() == -1 ? 1. : std::log(static_cast<double>(ep.base())));
   for (int i = 0; i < y->count(); ++i) {
-    const double g = kind == CometLayerFacts::SIGMOID_OF_OUTPUT ? 1. - 2. * yd[i]
-                     : kind == CometLayerFacts::TANH_OF_OUTPUT  ? 2. * yd[i]
-                                                                : yd[i] <= 0;  // ELU
-    sum += static_cast<double>(dy[i]) * dy[i] * g * g;
+    if (kind != CometLayerFacts::SOFTMAX_OF_OUTPUT) {
+      const double g = kind == CometLayerFacts::SIGMOID_OF_OUTPUT ? 1. - 2. * yd[i]
+                       : kind == CometLayerFacts::TANH_OF_OUTPUT  ? 2. * yd[i]
+                       : kind == CometLayerFacts::EXP_OF_OUTPUT   ? c
+                                                                  : yd[i] <= 0;  // ELU
+      sum += static_cast<double>(dy[i]) * dy[i] * g * g;
+    }
     m1 += yd[i];
     m2 += static_cast<double>(yd[i]) * yd[i];
   }

@@ -108,7 +108,7 @@ void ReadsBottom(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f
   All(&f->bottom, COMET_READS_VALUE);
 }
 
-// Backward reads its output's values only (f' from f(x): Sigmoid, TanH, Exp, Softmax, Swish).
+// Backward reads its output's values only (Swish; also its private sigmoid_output_).
 template <typename Dtype>
 void ReadsTop(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
   All(&f->top, COMET_READS_VALUE);
@@ -129,6 +129,16 @@ void SigmoidRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f)
 template <typename Dtype>
 void TanHRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
   FromOutput(f, CometLayerFacts::TANH_OF_OUTPUT);
+}
+
+template <typename Dtype>
+void ExpRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
+  FromOutput(f, CometLayerFacts::EXP_OF_OUTPUT);
+}
+
+template <typename Dtype>
+void SoftmaxRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
+  FromOutput(f, CometLayerFacts::SOFTMAX_OF_OUTPUT);
 }
 
 // ELU: dx = dy where x > 0, dy (alpha + y) elsewhere: its input's sign only (in place the blob
@@ -409,8 +419,8 @@ REGISTER_COMET_FACTS("Log", LogLayer, ReadsBottom);
 REGISTER_COMET_FACTS("Power", PowerLayer, PowerRow);
 REGISTER_COMET_FACTS("Sigmoid", SigmoidLayer, SigmoidRow);
 REGISTER_COMET_FACTS("TanH", TanHLayer, TanHRow);
-REGISTER_COMET_FACTS("Exp", ExpLayer, ReadsTop);
-REGISTER_COMET_FACTS("Softmax", SoftmaxLayer, ReadsTop);
+REGISTER_COMET_FACTS("Exp", ExpLayer, ExpRow);
+REGISTER_COMET_FACTS("Softmax", SoftmaxLayer, SoftmaxRow);
 REGISTER_COMET_FACTS("Swish", SwishLayer, ReadsTop);
 REGISTER_COMET_FACTS("ELU", ELULayer, ELURow);
 REGISTER_COMET_FACTS("MVN", MVNLayer, ReadsBoth);

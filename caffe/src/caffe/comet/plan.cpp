@@ -131,6 +131,8 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     lossy_types.insert("TanH");
     lossy_types.insert("PReLU");
     lossy_types.insert("ELU");
+    lossy_types.insert("Exp");
+    lossy_types.insert("Softmax");
     lossy_types.insert("Deconvolution");
   }
 

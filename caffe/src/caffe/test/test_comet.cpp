@@ -47,12 +47,14 @@
 #include "caffe/layers/conv_layer.hpp"
 #include "caffe/layers/deconv_layer.hpp"
 #include "caffe/layers/elu_layer.hpp"
+#include "caffe/layers/exp_layer.hpp"
 #include "caffe/layers/inner_product_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
 #include "caffe/layers/pooling_layer.hpp"
 #include "caffe/layers/relu_layer.hpp"
 #include "caffe/layers/scale_layer.hpp"
 #include "caffe/layers/sigmoid_layer.hpp"
+#include "caffe/layers/softmax_layer.hpp"
 #include "caffe/layers/tanh_layer.hpp"
 #include "caffe/sgd_solvers.hpp"
 #include "caffe/solver.hpp"
@@ -1125,6 +1127,29 @@ TEST_F(CometPayloadTest, BatchNormInputGradientErrorMatchesTheDerivation) {
   EXPECT_LT(rms, 1.2 * predicted);
 }
 
+// The RMS error of a layer's input gradient (its backward from dy, against `exact`) when its
+// output `y` is read off by errors in [-eb, eb]: uniform ones (sz false) or sz's at that bound.
+double InputGradientErrorFromOutput(Layer<float>* layer, const std::vector<Blob<float>*>& bv,
+                                    const std::vector<Blob<float>*>& tv,
+                                    const std::vector<float>& y, const Blob<float>& dy,
+                                    const std::vector<float>& exact, float eb, bool sz) {
+  Blob<float>& top = *tv[0];
+  if (!sz) {
+    uint32_t state = 5;
+    for (int i = 0; i < top.count(); ++i)
+      top.mutable_cpu_data()[i] = y[i] + eb * (2.f * NextUniform(&state) - 1.f);
+  } else {
+    shared_ptr<CometPayload> p = CometEncodeLossy(y.data(), top.shape(), false, eb, "y");
+    std::string error;
+    CHECK(CometDecode(*p, top.mutable_cpu_data(), &error)) << error;
+  }
+  caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
+  layer->Backward(tv, std::vector<bool>(1, true), bv);
+  double err = 0;
+  for (int i = 0; i < bv[0]->count(); ++i) err += std::pow(bv[0]->cpu_diff()[i] - exact[i], 2);
+  return std::sqrt(err / bv[0]->count());
+}
+
 // Sigmoid, TanH and ELU compute dx = dy f'(y) from their output y. An error e in y, uniform in
 // [-eb, eb], moves dx by an RMS of eb sqrt(E[dy^2 g^2] / 3), g = 1 - 2y (Sigmoid), 2y (TanH) or
 // 1 where y <= 0 (ELU), the derivative rule's estimate (bounds.cpp, DerivativeErrorPerBound);
@@ -1161,27 +1186,74 @@ TEST_F(CometPayloadTest, SigmoidTanHAndELUGradientErrorMatchesTheDerivation) {
     const double per_eb = std::sqrt(sum / (3. * top.count()));
     const float eb = 1e-2f;
     for (int way = 0; way < 2; ++way) {  // uniform errors, then sz's
-      if (way == 0) {
-        uint32_t state = 5;
-        for (int i = 0; i < top.count(); ++i)
-          top.mutable_cpu_data()[i] = y[i] + eb * (2.f * NextUniform(&state) - 1.f);
-      } else {
-        shared_ptr<CometPayload> p = CometEncodeLossy(y.data(), top.shape(), false, eb, "y");
-        std::string error;
-        ASSERT_TRUE(CometDecode(*p, top.mutable_cpu_data(), &error)) << error;
-      }
-      caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
-      layer->Backward(tv, down, bv);
-      double err = 0;
-      for (int i = 0; i < bottom.count(); ++i) {
-        const double d = bottom.cpu_diff()[i] - exact[i];
-        err += d * d;
-      }
-      const double rms = std::sqrt(err / bottom.count());
+      const double rms = InputGradientErrorFromOutput(layer.get(), bv, tv, y, dy, exact, eb, way);
       if (way == 0) {
         EXPECT_GT(rms, 0.9 * eb * per_eb) << layer->type();
       }
       EXPECT_LT(rms, 1.1 * eb * per_eb) << layer->type() << (way ? ", sz" : ", uniform");
+    }
+  }
+}
+
+// Exp computes dx = c dy y (c = log(base) scale) and Softmax dx = y (dy - sum(dy y)) along its
+// axis, from their output y. With y off by errors in [-eb, eb], the RMS error of dx is eb c
+// sqrt(E[dy^2] / 3) and eb sqrt(E[(dy - s)^2 + y^2 sum(dy^2)] / 3), the derivative rule's estimates
+// (bounds.cpp, DerivativeErrorPerBound): matched by independent uniform errors, not exceeded by
+// sz's, for Softmax across channels (its values H x W apart in memory) and along the last axis
+// (adjacent).
+TEST_F(CometPayloadTest, ExpAndSoftmaxGradientErrorMatchesTheDerivation) {
+  for (int kind = 0; kind < 3; ++kind) {  // Exp, Softmax over channels, Softmax over the last axis
+    Blob<float> bottom(4, 10, 8, 8), top;
+    std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+    FillerParameter wide;
+    wide.set_std(kind == 0 ? 1.f : 3.f);
+    GaussianFiller<float>(wide).Fill(&bottom);
+    LayerParameter lp;
+    shared_ptr<Layer<float> > layer;
+    if (kind == 0) {
+      lp.mutable_exp_param()->set_base(2.f);
+      lp.mutable_exp_param()->set_scale(0.5f);
+      layer.reset(new ExpLayer<float>(lp));
+    } else {
+      lp.mutable_softmax_param()->set_axis(kind == 1 ? 1 : -1);
+      layer.reset(new SoftmaxLayer<float>(lp));
+    }
+    layer->SetUp(bv, tv);
+    layer->Forward(bv, tv);
+    FillerParameter fp;
+    fp.set_std(1.f);
+    Blob<float> dy(top.shape());
+    GaussianFiller<float>(fp).Fill(&dy);
+    const std::vector<bool> down(1, true);
+    caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
+    layer->Backward(tv, down, bv);
+    const std::vector<float> exact(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
+    const std::vector<float> y(top.cpu_data(), top.cpu_data() + top.count());
+    const float* g = dy.cpu_data();
+    double sum = 0;
+    if (kind == 0) {
+      const double c = 0.5 * std::log(2.);
+      for (int i = 0; i < top.count(); ++i) sum += c * c * g[i] * g[i];
+    } else {
+      const int channels = kind == 1 ? 10 : 8, inner = kind == 1 ? 64 : 1;
+      for (int o = 0; o < top.count() / (channels * inner); ++o)
+        for (int k = 0; k < inner; ++k) {
+          const int at = o * channels * inner + k;
+          double s = 0, d = 0;
+          for (int c = 0; c < channels; ++c) {
+            s += g[at + c * inner] * y[at + c * inner];
+            d += g[at + c * inner] * g[at + c * inner];
+          }
+          for (int c = 0; c < channels; ++c)
+            sum += std::pow(g[at + c * inner] - s, 2) + std::pow(y[at + c * inner], 2) * d;
+        }
+    }
+    const double per_eb = std::sqrt(sum / (3. * top.count()));
+    const float eb = kind == 0 ? 1e-2f : 1e-3f;
+    for (int way = 0; way < 2; ++way) {  // uniform errors, then sz's
+      const double rms = InputGradientErrorFromOutput(layer.get(), bv, tv, y, dy, exact, eb, way);
+      if (way == 0) EXPECT_GT(rms, 0.9 * eb * per_eb) << kind;
+      EXPECT_LT(rms, 1.1 * eb * per_eb) << kind << (way ? ", sz" : ", uniform");
     }
   }
 }
@@ -2084,6 +2156,10 @@ class CometStoreTest : public ::testing::Test {
   void CheckNaNThroughPooling();
   // Sigmoid, TanH and ELU outputs stored under the derivative rule (defined below).
   void CheckOutputDerivatives();
+  // Exp and Softmax outputs, the same way (defined below).
+  void CheckExpAndSoftmax();
+  void CheckDerivativeRule(const std::string& net, const std::vector<std::string>& layers,
+                           double saved);
   // PReLU's inputs lossy with their signs exact (defined below).
   void CheckPReLU();
   // LRN within a channel: input lossy, internal buffers recomputed (defined below).
@@ -3562,6 +3638,17 @@ void CometStoreTest::CheckOutputDerivatives() {
       "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
       "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
       "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const char* layers[] = {"sig1", "tanh2", "elu3"};
+  // sig1 and conv2's blob (64 KB each) dense through the step, or compressed
+  CheckDerivativeRule(net, std::vector<std::string>(layers, layers + 3), 64 * 1024);
+}
+
+// Layers whose output their own backward reads (`layers`) of `net`: their outputs are stored
+// lossy under the derivative rule, whose bounds move with adaptive_target (linearly: 4x the
+// target, 4x the bound); training stays close to COMET off; the activations' peak is at least
+// `saved` bytes below that of a store keeping them dense.
+void CometStoreTest::CheckDerivativeRule(const std::string& net,
+                                         const std::vector<std::string>& layers, double saved) {
   const std::string adaptive =
       "eb_mode: ADAPTIVE error_bound: 1e-1 update_interval: 1 min_error_bound: 1e-6 ";
   shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01");
@@ -3576,8 +3663,7 @@ void CometStoreTest::CheckOutputDerivatives() {
   Run(tight.get(), 4);
   Run(loose.get(), 4);
   Run(dense.get(), 4);
-  const char* layers[] = {"sig1", "tanh2", "elu3"};
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < layers.size(); ++i) {
     const float eb = tight->comet()->bound(layers[i]);
     EXPECT_NE(eb, 1e-1f) << layers[i] << ": the derivative rule never moved the bound";
     const double ratio = loose->comet()->bound(layers[i]) / eb;
@@ -3593,9 +3679,32 @@ void CometStoreTest::CheckOutputDerivatives() {
   }
   EXPECT_GT(d, 0) << "lossy storage had no effect at all?";
   EXPECT_LT(std::sqrt(d / n), 2e-3) << "weights after 4 steps, relative to COMET off";
-  // sig1 and conv2's blob (64 KB each) dense through the step, or compressed
-  EXPECT_LE(tight->comet()->memory().peak[CometMemory::ACTIVATIONS] + 64 * 1024,
+  EXPECT_LE(tight->comet()->memory().peak[CometMemory::ACTIVATIONS] + saved,
             dense->comet()->memory().peak[CometMemory::ACTIVATIONS]);
+}
+
+// Exp (a VAE's standard deviation from its log-variance) and Softmax that is not a loss's (an
+// attention map over channels): their outputs, read by their own backward, are stored lossy
+// under the derivative rule, as Sigmoid's are. They used to be kept dense.
+void CometStoreTest::CheckExpAndSoftmax() {
+  const std::string net =
+      "name: 'expsoft' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
+      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'exp1' type: 'Exp' bottom: 'conv1' top: 'exp1' exp_param { scale: 0.5 } } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'exp1' top: 'conv2' convolution_param { "
+      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'soft2' type: 'Softmax' bottom: 'conv2' top: 'soft2' } "
+      "layer { name: 'pool' type: 'Pooling' bottom: 'soft2' top: 'pool' pooling_param { pool: AVE "
+      "kernel_size: 4 stride: 4 } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
+      "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const char* layers[] = {"exp1", "soft2"};
+  // exp1 and soft2 (128 KB each) dense through the step, or compressed
+  CheckDerivativeRule(net, std::vector<std::string>(layers, layers + 2), 128 * 1024);
 }
 
 // BatchNorm without Scale (upstream's CIFAR-10 Sigmoid example): x_norm_ is read by BatchNorm's
@@ -3822,6 +3931,7 @@ TEST_F(CometStoreTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals)
 TEST_F(CometStoreTest, SigmoidTanHAndELUOutputsAreStoredUnderTheirOwnBound) {
   CheckOutputDerivatives();
 }
+TEST_F(CometStoreTest, ExpAndSoftmaxOutputsAreStoredUnderTheirOwnBound) { CheckExpAndSoftmax(); }
 
 TEST_F(CometStoreTest, ForwardOnlyKeepsBlobsReadable) {
   // pycaffe style: forward without backward, then read an intermediate blob.
@@ -4113,6 +4223,7 @@ TEST_F(CometGPUTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) {
 TEST_F(CometGPUTest, SigmoidTanHAndELUOutputsAreStoredUnderTheirOwnBound) {
   CheckOutputDerivatives();
 }
+TEST_F(CometGPUTest, ExpAndSoftmaxOutputsAreStoredUnderTheirOwnBound) { CheckExpAndSoftmax(); }
 TEST_F(CometGPUTest, TheNetWorksOnAsPlainCaffeAfterItsSolverIsGone) {
   CheckTheNetOutlivesItsSolver();
 }

@@ -28,6 +28,7 @@
 #include "caffe/layer_factory.hpp"
 #include "caffe/layers/conv_layer.hpp"
 #include "caffe/layers/elu_layer.hpp"
+#include "caffe/layers/exp_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
 #include "caffe/layers/pooling_layer.hpp"
 #include "caffe/layers/relu_layer.hpp"
@@ -556,9 +557,9 @@ TEST_F(CometFactsTest, EveryRowHoldsForItsLayer) {
   EXPECT_GT(CheckRows(AllConfigs(), "CPU"), 80);
 }
 
-// Sigmoid, TanH and ELU read their output's values, which may be lossy under the derivative rule
-// (the reads themselves are proven with the other rows); Softmax's are kept exact.
-TEST_F(CometFactsTest, SigmoidTanHAndELUNameTheirDerivative) {
+// Sigmoid, TanH, ELU, Exp and Softmax read their output's values, which may be lossy under the
+// derivative rule (the reads themselves are proven with the other rows).
+TEST_F(CometFactsTest, SigmoidTanHELUExpAndSoftmaxNameTheirDerivative) {
   Blob<float> x(S(2, 3, 5, 5)), y;
   std::vector<Blob<float>*> bottom(1, &x), top(1, &y);
   LayerParameter lp;
@@ -567,9 +568,12 @@ TEST_F(CometFactsTest, SigmoidTanHAndELUNameTheirDerivative) {
   const CometLayerFacts soft = CometFactsRegistry<float>::Of(SoftmaxLayer<float>(lp), bottom, top);
   EXPECT_EQ(sig.derivative, CometLayerFacts::SIGMOID_OF_OUTPUT);
   EXPECT_EQ(tanh.derivative, CometLayerFacts::TANH_OF_OUTPUT);
-  EXPECT_EQ(soft.derivative, CometLayerFacts::NO_DERIVATIVE);
-  EXPECT_TRUE(sig.lossy_input && tanh.lossy_input);
-  EXPECT_FALSE(soft.lossy_input);
+  EXPECT_EQ(soft.derivative, CometLayerFacts::SOFTMAX_OF_OUTPUT);
+  const CometLayerFacts exp = CometFactsRegistry<float>::Of(ExpLayer<float>(lp), bottom, top);
+  EXPECT_EQ(exp.derivative, CometLayerFacts::EXP_OF_OUTPUT);
+  EXPECT_TRUE(sig.lossy_input && tanh.lossy_input && soft.lossy_input && exp.lossy_input);
+  EXPECT_EQ(soft.read_top(0), COMET_READS_VALUE);
+  EXPECT_EQ(soft.read_bottom(0), COMET_READS_NOTHING);
   EXPECT_FALSE(sig.adaptive || tanh.adaptive);  // no weights: their own rule
   EXPECT_EQ(sig.read_top(0), COMET_READS_VALUE);
   EXPECT_EQ(sig.read_bottom(0), COMET_READS_NOTHING);
