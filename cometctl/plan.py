@@ -636,6 +636,8 @@ def read_log(text: str) -> dict:
                 action = "keep"
             elif "rebuilt" in what:
                 action = "rebuild"
+            elif "not read" in what:
+                action = "release"  # LRN within a channel on the CPU: the store computes its backward without it
             elif re.match(r"freed after \S+ backward", what):
                 action = "until-backward"  # LRN's scale without recompute_lrn: dense until LRN's backward
             elif what.startswith("freed after"):
@@ -775,7 +777,8 @@ def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *
                 dense = stored = 4.0 * info["first_top_counts"][owner]
             else:  # a layer's private buffer the store reports no bytes for
                 dense = stored = None
-            blobs.append({"blob": blob, "layer": r["layer"] if r else "", "action": r["kind"] if r else action,
+            kind = action if action == "release" or not r else r["kind"]  # the CSV calls any RECOMPUTE "scale"
+            blobs.append({"blob": blob, "layer": r["layer"] if r else "", "action": kind,
                           "dense_bytes": dense, "stored_bytes": stored,
                           "error_bound": (r.get("eb") or None) if r and r["kind"] == "lossy" else None})
     return Measured(batch=batch, comet=mode, peak=peak, peak_rss=float(child.peak_rss), parts=parts, at_peak=at_peak,

@@ -293,27 +293,38 @@ def test_upstreams_consolidated_lenet_solver_plans(tmp_path):
 
 
 @WF_NEEDS_BUILD
-def test_lrn_buffers_held_until_backward_count_their_size(tmp_path):
-    """Upstream's CIFAR-10 full net: LRN within a channel keeps its internal layers' outputs (squares, window
-    means, scale), each as large as its output, until its backward; the table listed them without bytes."""
-    from cometctl.paths import pycaffe_dir
-
-    net = pycaffe_dir().parent / "examples" / "cifar10" / "cifar10_full_train_test.prototxt"
-    solver = tmp_path / "solver.prototxt"
-    solver.write_text(f'net: "{net}"\nbase_lr: 0.001\nlr_policy: "fixed"\nmax_iter: 10\nsolver_mode: CPU\n'
-                      f'snapshot_prefix: "{tmp_path}/s"\n')
-    r = _cometctl("plan", "--solver", str(solver), "--cpu", "--synthetic-input", "--input-shape", "data=3x32x32",
-                  "--measure", "4,8", "--iters", "2", "--json", str(tmp_path / "plan.json"))
+def test_lrn_buffers_count_their_size(tmp_path):
+    """LRN's buffers as large as its output: across channels its scale, held until its backward; within a channel
+    (upstream's CIFAR-10 full net) its internal layers' outputs (squares, window means, scale), freed after the
+    forward on the CPU, where the store computes its backward from the input. The table listed them without bytes."""
+    net = """name: "lrns"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 10 dim: 3 dim: 16 dim: 16 } shape { dim: 10 }
+    data_filler { type: "gaussian" std: 1 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "norm1" type: "LRN" bottom: "conv1" top: "norm1" lrn_param { local_size: 3 } }
+layer { name: "conv2" type: "Convolution" bottom: "norm1" top: "conv2"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "norm2" type: "LRN" bottom: "conv2" top: "norm2" lrn_param { local_size: 3 norm_region: WITHIN_CHANNEL } }
+layer { name: "ip" type: "InnerProduct" bottom: "norm2" top: "ip"
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+    solver = _solver_with_net(tmp_path, net)
+    r = _cometctl("plan", "--solver", str(solver), "--cpu", "--measure", "4,8", "--iters", "2",
+                  "--json", str(tmp_path / "plan.json"))
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((tmp_path / "plan.json").read_text())
     by_blob = {row["blob"]: row for row in doc["layers"]}
-    for lrn, maps in (("norm1", 32 * 16 * 16), ("norm2", 32 * 8 * 8)):
-        assert by_blob[lrn]["action"] == "lossy"  # read by the next convolution; LRN's backward does not read it
-        for part in ("squares", "means", "scale"):
-            row = by_blob[f"{lrn} {part}"]
-            assert row["action"] == "until-backward", row
-            assert math.isclose(row["dense_bytes"], 4 * maps * doc["solver_batch"], rel_tol=1e-6), row
-            assert row["stored_bytes"] == row["dense_bytes"], row
+    maps = 8 * 16 * 16 * 4 * doc["solver_batch"]  # bytes of one LRN output
+    row = by_blob["norm1 scale"]
+    assert row["action"] == "until-backward" and row["stored_bytes"] == row["dense_bytes"], row
+    assert math.isclose(row["dense_bytes"], maps, rel_tol=1e-6), row
+    for part in ("squares", "means", "scale"):
+        row = by_blob[f"norm2 {part}"]
+        assert row["action"] == "release" and row["stored_bytes"] == 0, row
+        assert math.isclose(row["dense_bytes"], maps, rel_tol=1e-6), row
 
 
 def test_the_solvers_train_state_chooses_the_layers(wf_pb2):

@@ -45,7 +45,8 @@ struct CometLayerFacts {
                     EXP_OF_OUTPUT, SOFTMAX_OF_OUTPUT };
   CometLayerFacts()
       : known(false), lossy_input(false), adaptive(false), exact_sign(false),
-        relu_from_mask(false), fills_whole(false), private_buffer(NO_PRIVATE),
+        relu_from_mask(false), lrn_from_input(false), fills_whole(false),
+        private_buffer(NO_PRIVATE),
         derivative(NO_DERIVATIVE) {}
 
   bool known;                    // false: no row for the class; it reads every bottom and top
@@ -67,6 +68,9 @@ struct CometLayerFacts {
   bool exact_sign;
   // ReLU: the store may compute Backward itself from the input's sign mask, bit for bit.
   bool relu_from_mask;
+  // LRN within a channel on the CPU: the store computes Backward itself from the input
+  // (lrn_within.hpp), and the internal outputs (LRN_WITHIN) are never read after the forward.
+  bool lrn_from_input;
   // Forward writes every value of each top it does not share with a bottom, and Backward every
   // value of each bottom diff it propagates to (it assigns them, never adds to what is there),
   // CPU and GPU: when the store has freed that memory, its next allocation needs no zero fill.

@@ -27,8 +27,9 @@ struct CometActions {
 
 struct CometPlanEntry : public CometActions {
   CometPlanEntry()
-      : layer(-1), source(-1), action(KEEP), buffer(KEEP), part(0), signs(false), last_forward(-1),
-        last_backward(-1), rebuild_from(-1), rebuild_scale(-1), rebuild_relu(-1), rebuilds(-1) {}
+      : layer(-1), source(-1), action(KEEP), buffer(KEEP), part(0), unread(false), signs(false),
+        last_forward(-1), last_backward(-1), rebuild_from(-1), rebuild_scale(-1),
+        rebuild_relu(-1), rebuilds(-1) {}
   std::string name;            // what the log calls it: the reading layer(s)
   std::string blob;            // first blob name, or "<layer> argmax|mask|scale"
   std::vector<int> blob_ids;   // empty for a layer-private buffer
@@ -42,6 +43,9 @@ struct CometPlanEntry : public CometActions {
   // buffers after its forward.
   Action buffer;
   int part;  // which of the layer's buffers of that kind (RECOMPUTE within a channel: LRN's 0-2)
+  // RECOMPUTE: freed after the forward and not computed again, as the store computes the layer's
+  // backward without it (LRN within a channel on the CPU, CometLayerFacts::lrn_from_input).
+  bool unread;
   bool signs;                  // LOSSY read by ReLU or PReLU too: a sign mask is stored alongside
   int last_forward;            // compress/release after this layer's forward
   int last_backward;           // free again after this layer's backward (-1: none)

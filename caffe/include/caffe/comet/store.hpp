@@ -91,6 +91,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   void StorePrivate(Entry* e);
   void Hold(Entry* e, SyncedMemory* mem, const shared_ptr<CometPayload>& p);
   void ReluBackwardFromMask(int layer);
+  void LrnBackwardFromInput(int layer);
   void BackwardInPlaceOf(int layer, const Entry& e, bool dev, const std::string& corrupt,
                          const char* it, const std::string& unfinished_by,
                          const std::function<bool(const float*, float*, std::string*)>& compute);

@@ -9,6 +9,7 @@
 
 #include "caffe/comet/bounds.hpp"
 #include "caffe/comet/layer_access.hpp"
+#include "caffe/comet/lrn_within.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/resume.hpp"
 #include "caffe/util/io.hpp"
@@ -314,21 +315,28 @@ double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
   const Dtype* xd = x->cpu_data();
   const Dtype* dy = y->cpu_diff();
   // An output no backward reads was freed (LRN's CPU backward across channels computes it again,
-  // patch 0027; within a channel it reads the scale s^-b instead): y = x s^-b, as Forward
-  // computed it, from the scale (across: s, raised to -b here).
+  // patch 0027; within a channel its backward never reads it): y = x s^-b, as Forward computed
+  // it, from the scale (across: s, raised to -b here; within: computed from x, as the internal
+  // outputs may be freed too).
   const shared_ptr<CometPayload>& held = y->data()->comet_payload();
   const bool freed = held ? held->kind() == CometPayload::RELEASED
                           : y->data()->head() == SyncedMemory::UNINITIALIZED;
   const Dtype* yd = freed ? NULL : y->cpu_data();
-  const Dtype* sd =
-      freed ? CometLayerAccess<Dtype>::lrn_recomputed(l, across ? 0 : 2)->cpu_data() : NULL;
+  const Dtype* sd = freed && across ? CometLayerAccess<Dtype>::lrn_scale(l)->cpu_data() : NULL;
+  std::vector<float> within;  // s^-b
+  if (freed && !across) {
+    std::vector<float> xf(xd, xd + x->count());
+    within.resize(x->count());
+    CometLrnWithinScale(p, x->shape(0) * x->shape(1), x->shape(2), x->shape(3), xf.data(),
+                        within.data());
+  }
   const float minus_beta = -p.beta();
   double dyy = 0, xx = 0, dd = 0;
   for (int i = 0; i < y->count(); ++i) {
     const double g = dy[i], u = xd[i];
     const double v = !freed ? yd[i]
                      : across ? xd[i] * std::pow(static_cast<float>(sd[i]), minus_beta)
-                              : xd[i] * sd[i];
+                              : xd[i] * within[i];
     dyy += g * g * v * v;
     xx += u * u;
     dd += g * g;

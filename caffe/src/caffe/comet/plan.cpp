@@ -338,6 +338,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     for (int part = 0; part < (lrn_within ? 3 : 1); ++part) {
       if (lrn_within) e.blob = e.name + within[part];
       e.part = part;
+      e.unread = lrn_within && plan.facts[i].lrn_from_input;
       plan.private_of_layer[i].push_back(plan.entries.size());
       plan.after_forward[i].push_back(plan.entries.size());
       if (runs_backward) plan.after_backward[i].push_back(plan.entries.size());
@@ -516,6 +517,9 @@ std::string DescribeCometPlan(const CometPlan& plan, const Net<Dtype>& net,
     } else if (en.action == CometActions::REBUILD) {
       os << "freed after " << en.name << " forward, rebuilt before its backward";
       if (en.source >= 0) os << " from " << net.layer_names()[en.source] << "'s output";
+    } else if (en.action == CometActions::RECOMPUTE && en.unread) {
+      os << "freed after " << en.name << " forward, not read: the store computes " << en.name
+         << "'s backward from its input";
     } else if (en.action == CometActions::RECOMPUTE && !param.recompute_lrn()) {
       os << "freed after " << en.name << " backward";
     } else if (en.action == CometActions::RECOMPUTE) {

@@ -149,6 +149,10 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
         snprintf(line, sizeof(line), "COMET %s: %s rebuilt, freed %s, %.1f ms", e.name.c_str(),
                  e.source >= 0 ? "input copy" : "temp", FormatBytes(e.last_dense).c_str(),
                  e.last_ms);
+      } else if (e.action == CometActions::RECOMPUTE && e.unread) {
+        snprintf(line, sizeof(line), "COMET %s: %s freed after the forward, %s (backward from the "
+                 "input)", e.name.c_str(), e.blob.substr(e.name.size() + 1).c_str(),
+                 FormatBytes(e.last_dense).c_str());
       } else if (e.action == CometActions::RECOMPUTE) {
         snprintf(line, sizeof(line), "COMET %s: %s recomputed, freed %s, %.1f ms",
                  e.name.c_str(), e.blob.substr(e.name.size() + 1).c_str(),

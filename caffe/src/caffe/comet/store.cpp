@@ -16,6 +16,7 @@
 #include "caffe/comet/float_mode.hpp"
 #include "caffe/comet/gemm.hpp"
 #include "caffe/comet/layer_access.hpp"
+#include "caffe/comet/lrn_within.hpp"
 #include "caffe/comet/net_callbacks.hpp"
 #include "caffe/comet/store.hpp"
 #include "caffe/layer_factory.hpp"
@@ -912,8 +913,9 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
     return;
   }
   if (e->action == RECOMPUTE || e->action == REBUILD) {
-    // LRN's scale is kept until LRN's backward and freed after it, unless recompute_lrn.
-    if (e->action == RECOMPUTE && !param_.recompute_lrn()) return;
+    // LRN's scale is kept until LRN's backward and freed after it, unless recompute_lrn or the
+    // store computes that backward without it.
+    if (e->action == RECOMPUTE && !param_.recompute_lrn() && !e->unread) return;
     e->dense_bytes += mem->size();
     mem->comet_release();
     e->samples += 1;
@@ -1130,7 +1132,10 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
   const std::vector<int>& own = plan_.private_of_layer[layer];
   for (int k = 0; k < own.size(); ++k) {
     Entry& e = entries_[own[k]];
-    if (e.action != RECOMPUTE || PrivateBuffer(e)->head() != SyncedMemory::UNINITIALIZED) continue;
+    if (e.action != RECOMPUTE || e.unread ||
+        PrivateBuffer(e)->head() != SyncedMemory::UNINITIALIZED) {
+      continue;
+    }
     // LRN's backward reads the scale its forward computed: run the forward again (on the
     // restored input; the output it rewrites is what the backward reads too). Without
     // recompute_lrn this happens only for a second backward after one forward.
@@ -1164,6 +1169,7 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     e.timing->DecodedInStep(CometMsSince(start));
   }
   if (param_.relu_masks() && plan_.facts[layer].relu_from_mask) ReluBackwardFromMask(layer);
+  if (!own.empty() && entries_[own[0]].unread) LrnBackwardFromInput(layer);
   if (param_.pool_codes()) PoolBackwardFromCodes(layer);
   if (measuring_) bounds_.BeforeBackward(layer);
   DecodeAhead(layer);  // while this layer's backward runs
@@ -1221,6 +1227,27 @@ void CometStore<Dtype>::BackwardInPlaceOf(
     return;
   }
   e.timing->decode_ms += CometMsSince(start);
+  const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = false;
+  backward_skipped_[layer] = true;
+}
+
+// LRN within a channel on the CPU: its input gradient from its input and output gradient
+// (lrn_within.hpp), in place of upstream's chain of internal layers, whose outputs were freed
+// after the forward and whose gradients are then never allocated. Net skips LRN's own backward
+// for this step, as for ReLU from its mask.
+template <typename Dtype>
+void CometStore<Dtype>::LrnBackwardFromInput(int layer) {
+  if (!net_->bottom_need_backward()[layer][0]) return;
+  Blob<Dtype>* top = net_->top_vecs()[layer][0];
+  Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
+  CHECK_EQ(bottom->num_axes(), 4) << "COMET: LRN " << net_->layer_names()[layer];
+  const float* x = reinterpret_cast<const float*>(bottom->cpu_data());
+  const float* dy = reinterpret_cast<const float*>(top->cpu_diff());
+  CometFillWhole whole(bottom->diff().get());  // every value is written
+  float* dx = reinterpret_cast<float*>(bottom->mutable_cpu_diff());
+  CometLrnWithinBackward(net_->layers()[layer]->layer_param().lrn_param(),
+                         bottom->shape(0) * bottom->shape(1), bottom->shape(2), bottom->shape(3),
+                         x, dy, dx);
   const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = false;
   backward_skipped_[layer] = true;
 }
