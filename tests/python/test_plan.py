@@ -179,8 +179,7 @@ def test_the_fit_predicts_a_measured_run(tiny_plan):
     fit_runs = {(r["batch"], r["comet"]): r["peak"] for r in plan["runs"]}
     assert set(fit_runs) == {(32, "off"), (32, "on"), (64, "off"), (64, "on")}  # the check is not in the fit
     # measured on the 2-core development machine: off within 0.5%, on +2.6% to +3.3% in three runs (for a
-    # net this small, the untracked part of a COMET run grows a little slower than its line); since a falling
-    # part is fitted by its mean (2026-12-06), on -0.5% to 0.0% in three runs
+    # net this small, the untracked part of a COMET run grows a little slower than its line)
     tolerance = {"off": 0.03, "on": 0.06}
     for mode, c in checks.items():
         measured, predicted = c["measured_bytes"], c["predicted_bytes"]
