@@ -19,9 +19,8 @@ weights, activations, gradients, compressed and scratch, from the statistics fil
 keeps one); the rest of the peak RSS is the runtime and what the store does not track (libraries, heap,
 the data layer's prefetch batches, the pool's cached blocks, mapped pages of the data source). Every
 figure is fitted per mode as fixed + per-sample x batch (least squares over the measured batches); the
-sum of the fits is the fit of the peak. A part whose slope comes out negative (noise between small batches:
-no part of the memory shrinks as the batch grows; the runtime's share of a small net) is fitted by its mean.
-From the fits: the peak at the solver's batch size, and for a budget the largest batch that fits, each way. `--batch N` runs batch N and compares.
+sum of the fits is the fit of the peak. From the fits: the peak at the solver's batch size, and for a
+budget the largest batch that fits, each way. `--batch N` runs batch N and compares.
 
 The per-layer table (blob, bytes dense, action, bytes stored, error bound) comes from the COMET-on
 runs: the plan lines the store logs at setup (every blob it acts on), its statistics file (bytes
@@ -169,10 +168,8 @@ def largest_batch(fits: dict, budget: float, file_cap: float | None = None) -> i
     return lo
 
 
-def fit(xs, ys, grows: bool = False) -> Line:
-    """Least squares fixed + per_sample * x through the points (one point: no growth). `grows`: the figure
-    cannot shrink as the batch grows (a part of the peak memory), so a negative slope, which is noise
-    between small batches, gives their mean instead."""
+def fit(xs, ys) -> Line:
+    """Least squares fixed + per_sample * x through the points (one point: no growth)."""
     xs, ys = [float(x) for x in xs], [float(y) for y in ys]
     if not xs:
         raise ValueError("nothing to fit")
@@ -182,8 +179,6 @@ def fit(xs, ys, grows: bool = False) -> Line:
     if sxx == 0:
         return Line(my, 0.0)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    if grows and slope < 0:
-        return Line(my, 0.0)
     return Line(my - slope * mx, slope)
 
 
@@ -941,10 +936,9 @@ def _assemble(runs, solver_path, net_path, solver_batch, measure_batches, iters,
     for mode in MODES:
         rs = [r for r in runs if r.comet == mode]
         xs = [r.batch for r in rs]
-        f = {part: fit(xs, [r.parts[part] for r in rs], grows=True) for part in PARTS}
-        # the parts add up to each run's peak, so their fits to the fit of the peak (least squares is
-        # linear; a part fitted by its mean adds its share of growth back to the peak's)
-        f["peak"] = Line(sum(f[p].fixed for p in PARTS), sum(f[p].per_sample for p in PARTS))
+        f = {"peak": fit(xs, [r.peak for r in rs])}
+        for part in PARTS:
+            f[part] = fit(xs, [r.parts[part] for r in rs])
         if not uses_gpu:
             f["peak_rss"] = f["peak"]
         else:
