@@ -257,7 +257,9 @@ def report(run_dir, compare, out, plan_json):
 
 
 def _batches(ctx, param, value):
-    """--measure 8,16,32 -> (8, 16, 32)."""
+    """--measure 8,16,32 -> (8, 16, 32); not given: None."""
+    if value is None:
+        return None
     out = []
     for v in value if isinstance(value, tuple) else (value,):
         for part in str(v).replace(" ", ",").split(","):
@@ -304,8 +306,9 @@ def _checks(ctx, param, value):
               help="Feed DummyData of the data layers' shapes instead of their sources (Gaussian noise, labels 0).")
 @click.option("--input-shape", multiple=True, metavar="TOP=CxHxW",
               help="Shape of a data top without the batch, when plan cannot read it (repeatable).")
-@click.option("--measure", default=",".join(map(str, (8, 16, 32))), show_default=True, callback=_batches,
-              metavar="B1,B2,...", help="Batch sizes to measure and fit (two or more, small).")
+@click.option("--measure", default=None, callback=_batches, metavar="B1,B2,...",
+              help="Batch sizes to measure and fit (two or more, small).  [default: 8,16,32, and twice the "
+                   "largest, again and again up to 1024, in a mode whose peak grows less than 16 MiB over them]")
 @click.option("--iters", type=int, default=2, show_default=True, help="Training iterations per measured run.")
 @click.option("--keep", type=click.Path(file_okay=False), default=None,
               help="Keep the generated nets, solvers and logs in this folder.")
@@ -332,15 +335,17 @@ def plan(solver, cpu, gpu, memory, check, verify, json_out, synthetic_input, inp
     from .plan import budget_problem, make_plan, render, write_json
     from .ui import console, counter
 
-    total = 2 * len(set(measure)) + sum(len(modes) for _, modes in check) + (2 if verify else 0)
+    total = 2 * len(set(measure or (8, 16, 32))) + sum(len(modes) for _, modes in check) + (2 if verify else 0)
     with contextlib.ExitStack() as stack:
         bar = []  # the progress bar starts with the first run: a refused request draws none
 
-        def progress(text):
+        def progress(text, more=0):
+            nonlocal total
+            total += more
             if not bar:
                 bar.append(stack.enter_context(counter("measuring", total)))
             else:
-                bar[0](1)
+                bar[0](1, total=total)
             bar[0](0, description=f"measuring: {text}")
 
         result = make_plan(solver, cpu=cpu, gpu=gpu, memory=memory, check=check, synthetic=synthetic_input,

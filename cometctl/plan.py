@@ -57,6 +57,13 @@ from .paths import REPO_ROOT, from_root
 SCHEMA = "cometctl-plan/1"
 DEFAULT_MEASURE = (8, 16, 32)
 DEFAULT_ITERS = 2  # the first step allocates the solver history, the second runs at the adapted bounds
+# With the default batches, a mode whose peak grows less than this from the smallest to the largest
+# measured batch is measured at twice the largest too, and so on up to WIDEN_MAX_BATCH: the runtime's own
+# peak varies by about a MiB from run to run, which in a growth of a few MiB is a slope wrong by a
+# quarter (upstream's CIFAR-10 full net with COMET on grows 3.7 MiB from 8 to 32: batch 512 was
+# predicted 12% low from 8, 16, 32 and 3% low with 64 and 128 added).
+WIDEN_GROWTH = 16 * 2**20
+WIDEN_MAX_BATCH = 1024
 OBSERVE_ONLY = ('compress_type: "None" relu_masks: false release_unused: false release_diffs: false '
                 'layer_buffers: false memory_pool: false')
 # Blobs of solver state per learnable blob, by solver type (upstream's solvers/*.cpp: SGD's history_;
@@ -811,12 +818,14 @@ def _table_rows(runs_on: list[Measured], batch: int) -> list[dict]:
 
 def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str | None = None,
               check=(), synthetic: bool = False, input_shapes=(),
-              measure_batches: tuple[int, ...] = DEFAULT_MEASURE, iters: int = DEFAULT_ITERS,
+              measure_batches: tuple[int, ...] | None = None, iters: int = DEFAULT_ITERS,
               keep: str | os.PathLike | None = None, caffe_bin=None, progress=None,
               timeout: float | None = None, verify: bool = False) -> dict:
-    """Measure, fit and predict; returns the plan as a dict (the --json document). `check`: batch sizes
-    to run after the fit (N, or (N, ("on",)) for one mode); `verify`: also run each mode at its largest
-    batch in `memory`. `progress(text)` is called before each run, with the run's description."""
+    """Measure, fit and predict; returns the plan as a dict (the --json document). `measure_batches`:
+    the batches to fit (None: DEFAULT_MEASURE, widened where a mode's peak grows too little over them,
+    see WIDEN_GROWTH). `check`: batch sizes to run after the fit (N, or (N, ("on",)) for one mode);
+    `verify`: also run each mode at its largest batch in `memory`. `progress(text, more=0)` is called
+    before each run, with the run's description and how many runs were added to the count."""
     from .caffeproto import absolute_data_files, caffe_pb2, read_solver, train_net_only, upgraded_net
     from .paths import prepare_hint
 
@@ -825,7 +834,8 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
     budget = parse_size(memory) if memory is not None else None
     if budget is not None and budget <= 0:
         raise CometError(f"--memory {memory}: must be more than 0 bytes")
-    measure_batches = tuple(sorted(set(int(b) for b in measure_batches)))
+    widen = measure_batches is None
+    measure_batches = tuple(sorted(set(int(b) for b in (DEFAULT_MEASURE if widen else measure_batches))))
     if len(measure_batches) < 2 or measure_batches[0] < 1:
         raise CometError("--measure needs at least two different batch sizes of 1 or more, e.g. 8,16,32")
     if iters < 1:
@@ -876,9 +886,10 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
     t0 = time.monotonic()
     failed = True
     try:
-        def one(batch, comet):
+        def one(batch, comet, more=0):
             if progress:
-                progress(f"batch {batch}, COMET {'on' if comet else 'off'}")
+                text = f"batch {batch}, COMET {'on' if comet else 'off'}"
+                progress(text, more=more) if more else progress(text)
             return measure(caffe, work, pb2, param, net, batch, comet, synthetic=synthetic, shapes=shapes,
                            iters=iters, gpu=device_id if uses_gpu else None, history_copies=history_copies,
                            notes=notes, timeout=timeout, cwd=base)
@@ -886,10 +897,27 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
         for b in measure_batches:
             for comet in (False, True):
                 runs.append(one(b, comet))
+        widened = {m: [] for m in MODES}
+        for comet in (False, True) if widen else ():
+            mode = "on" if comet else "off"
+            while True:
+                rs = sorted((r for r in runs if r.comet == mode), key=lambda r: r.batch)
+                growth, nxt = rs[-1].peak - rs[0].peak, 2 * rs[-1].batch
+                if growth >= WIDEN_GROWTH or nxt > WIDEN_MAX_BATCH:
+                    break
+                if not widened[mode]:
+                    notes.append(f"COMET {mode}: the peak grew only {fmt_bytes(max(growth, 0.0))} from batch "
+                                 f"{rs[0].batch} to {rs[-1].batch}, too little to tell the part that grows "
+                                 f"with the batch from the runtime's own variation (about a MiB): measured "
+                                 f"at larger batches too, until it grew {fmt_bytes(WIDEN_GROWTH)} "
+                                 f"(--measure sets the batches and does not widen them)")
+                runs.append(one(nxt, comet, more=1))
+                widened[mode].append(nxt)
         measure_seconds = time.monotonic() - t0
         file_cap = None if (synthetic or uses_gpu) else source_bytes(net, pb2)
         result = _assemble(runs, solver_path, net_path, solver_batch, measure_batches, iters, synthetic,
                            uses_gpu, device_id, budget, memory, history_copies, notes, file_cap)
+        result["widened"] = widened
         todo = [(b, mode == "on", False) for b, modes in check for mode in MODES if mode in modes]
         if verify and result["budget"]:
             todo += [(result["budget"][f"largest_batch_{mode}"], mode == "on", True) for mode in MODES
@@ -1000,9 +1028,11 @@ def render(result: dict) -> list[str]:
     """The plan as text lines (what the command prints)."""
     out = []
     mb = ", ".join(map(str, result["measure_batches"]))
+    more = "".join(f"; COMET {m} also at {', '.join(map(str, bs))}"
+                   for m, bs in (result.get("widened") or {}).items() if bs)
     out.append(f"plan for {result['solver']}")
     out.append(f"  {result['device']}, input: {result['input']}, measured at batches {mb} "
-               f"({result['iters']} iterations each), COMET off and on")
+               f"({result['iters']} iterations each), COMET off and on{more}")
     out.append(f"  figure: {result['figure']}")
     for n in result["notes"]:
         out.append(f"  note: {n}")
@@ -1057,9 +1087,9 @@ def render(result: dict) -> list[str]:
         f = on[k]
         if f["fixed"] or f["per_sample"]:
             out.append(f"    {name:<42} {'':>34}   {cell(f, max(Line(**f).at(n), 0.0)):>34}")
-    top = max(result["measure_batches"])
     for m in MODES:
-        r = next((r for r in result["runs"] if r["comet"] == m and r["batch"] == top), None)
+        r = max((r for r in result["runs"] if r["comet"] == m), key=lambda r: r["batch"], default=None)
+        top = r["batch"] if r else None
         if r and r.get("at_peak"):
             split = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r["at_peak"].items())
             out.append(f"  the store's peak at batch {top}, COMET {m}: {split}")
