@@ -911,7 +911,11 @@ def make_plan(solver, *, cpu: bool = False, gpu: int | None = None, memory: str 
                                  f"with the batch from the runtime's own variation (about a MiB): measured "
                                  f"at larger batches too, until it grew {fmt_bytes(WIDEN_GROWTH)} "
                                  f"(--measure sets the batches and does not widen them)")
-                runs.append(one(nxt, comet, more=1))
+                try:
+                    runs.append(one(nxt, comet, more=1))
+                except CometError as e:  # the plan from the batches that ran, and why it is not wider
+                    notes.append(f"COMET {mode}: not measured beyond batch {rs[-1].batch}: {e}")
+                    break
                 widened[mode].append(nxt)
         measure_seconds = time.monotonic() - t0
         file_cap = None if (synthetic or uses_gpu) else source_bytes(net, pb2)

@@ -508,6 +508,15 @@ def test_default_batches_widen_where_the_peak_grows_too_little(tmp_path, wf_pb2,
     assert math.isclose(f["per_sample"], on_per_sample * 2**20, abs_tol=1.0)
     text = "\n".join(P.render(plan))
     assert f"COMET on also at {', '.join(map(str, widened))}" in text and "COMET on: the peak grew only" in text
+    # a widened batch that fails stops the widening and says why; the plan stands on the batches that ran
+    broken = tmp_path / "caffe-broken"
+    broken.write_text(fake.read_text().replace("mb = 2**20\n", "mb = 2**20\nif on and batch > 64:\n"
+                                               "    print('F1201 out of device memory'); sys.exit(1)\n", 1))
+    broken.chmod(0o755)
+    plan = P.make_plan(TINY_SOLVER, gpu=0, synthetic=True, caffe_bin=broken)
+    assert plan["widened"] == {"off": [], "on": [64]}
+    assert any(n.startswith("COMET on: not measured beyond batch 64: caffe train failed at batch 128")
+               for n in plan["notes"]), plan["notes"]
     # named batches stay as named
     plan = P.make_plan(TINY_SOLVER, gpu=0, synthetic=True, caffe_bin=fake, measure_batches=(8, 16, 32))
     assert plan["widened"] == {"off": [], "on": []} and len(plan["runs"]) == 6
