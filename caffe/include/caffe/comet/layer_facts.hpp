@@ -68,7 +68,7 @@ struct CometLayerFacts {
   bool exact_sign;
   // ReLU: the store may compute Backward itself from the input's sign mask, bit for bit.
   bool relu_from_mask;
-  // LRN within a channel on the CPU: the store computes Backward itself from the input
+  // LRN within a channel (float): the store computes Backward itself from the input
   // (lrn_within.hpp), and the internal outputs (LRN_WITHIN) are never read after the forward.
   bool lrn_from_input;
   // Forward writes every value of each top it does not share with a bottom, and Backward every

@@ -44,7 +44,7 @@ struct CometPlanEntry : public CometActions {
   Action buffer;
   int part;  // which of the layer's buffers of that kind (RECOMPUTE within a channel: LRN's 0-2)
   // RECOMPUTE: freed after the forward and not computed again, as the store computes the layer's
-  // backward without it (LRN within a channel on the CPU, CometLayerFacts::lrn_from_input).
+  // backward without it (LRN within a channel, CometLayerFacts::lrn_from_input).
   bool unread;
   bool signs;                  // LOSSY read by ReLU or PReLU too: a sign mask is stored alongside
   int last_forward;            // compress/release after this layer's forward

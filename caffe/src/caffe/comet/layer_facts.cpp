@@ -225,7 +225,7 @@ void LRNRow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
   } else {
     f->private_buffer = CometLayerFacts::LRN_WITHIN;
     All(&f->top, COMET_READS_NOTHING);
-    f->lrn_from_input = Caffe::mode() == Caffe::CPU && sizeof(Dtype) == sizeof(float);
+    f->lrn_from_input = sizeof(Dtype) == sizeof(float);  // lrn_within.hpp: float only
   }
 }
 

@@ -1231,8 +1231,8 @@ void CometStore<Dtype>::BackwardInPlaceOf(
   backward_skipped_[layer] = true;
 }
 
-// LRN within a channel on the CPU: its input gradient from its input and output gradient
-// (lrn_within.hpp), in place of upstream's chain of internal layers, whose outputs were freed
+// LRN within a channel: its input gradient from its input and output gradient (lrn_within.hpp),
+// on the CPU or the GPU, in place of upstream's chain of internal layers, whose outputs were freed
 // after the forward and whose gradients are then never allocated. Net skips LRN's own backward
 // for this step, as for ReLU from its mask.
 template <typename Dtype>
@@ -1241,13 +1241,24 @@ void CometStore<Dtype>::LrnBackwardFromInput(int layer) {
   Blob<Dtype>* top = net_->top_vecs()[layer][0];
   Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
   CHECK_EQ(bottom->num_axes(), 4) << "COMET: LRN " << net_->layer_names()[layer];
-  const float* x = reinterpret_cast<const float*>(bottom->cpu_data());
-  const float* dy = reinterpret_cast<const float*>(top->cpu_diff());
+  const LRNParameter& p = net_->layers()[layer]->layer_param().lrn_param();
+  const int planes = bottom->shape(0) * bottom->shape(1);
   CometFillWhole whole(bottom->diff().get());  // every value is written
-  float* dx = reinterpret_cast<float*>(bottom->mutable_cpu_diff());
-  CometLrnWithinBackward(net_->layers()[layer]->layer_param().lrn_param(),
-                         bottom->shape(0) * bottom->shape(1), bottom->shape(2), bottom->shape(3),
-                         x, dy, dx);
+  if (Caffe::mode() == Caffe::GPU) {
+#ifndef CPU_ONLY
+    CometLrnWithinBackwardGpu(p, planes, bottom->shape(2), bottom->shape(3),
+                              reinterpret_cast<const float*>(bottom->gpu_data()),
+                              reinterpret_cast<const float*>(top->gpu_diff()),
+                              reinterpret_cast<float*>(bottom->mutable_gpu_diff()));
+#else
+    NO_GPU;
+#endif
+  } else {
+    CometLrnWithinBackward(p, planes, bottom->shape(2), bottom->shape(3),
+                           reinterpret_cast<const float*>(bottom->cpu_data()),
+                           reinterpret_cast<const float*>(top->cpu_diff()),
+                           reinterpret_cast<float*>(bottom->mutable_cpu_diff()));
+  }
   const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = false;
   backward_skipped_[layer] = true;
 }

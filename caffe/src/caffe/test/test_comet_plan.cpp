@@ -262,7 +262,7 @@ TEST_F(CometPlanTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) 
     EXPECT_EQ(en.blob, parts[p]);
     EXPECT_EQ(en.part, p);
     EXPECT_EQ(en.action, CometActions::RECOMPUTE);
-    EXPECT_TRUE(en.unread) << "on the CPU the store computes LRN's backward from its input";
+    EXPECT_TRUE(en.unread) << "the store computes LRN's backward from its input";
   }
   std::ostringstream log;
   log << DescribeCometPlan(plan_, *net_, param_);
