@@ -157,8 +157,12 @@ void ReadsBoth(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) 
 
 // Convolution, InnerProduct, Deconvolution: dW = sum x (x) dy reads x (Deconvolution: x against
 // its output gradient's columns); dx reads only W and dy.
+// Convolution, Deconvolution, InnerProduct: the input only for the weights' gradient (patch 0036
+// for the two convolutions), so none with the weights frozen (lr_mult 0: Net leaves
+// param_propagate_down(0) false).
 template <typename Dtype>
-void WeightedLinear(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
+void WeightedLinear(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
+  if (!const_cast<Layer<Dtype>&>(l).param_propagate_down(0)) return;
   All(&f->bottom, COMET_READS_VALUE);
   f->lossy_input = true;
   f->adaptive = true;

@@ -2210,6 +2210,8 @@ class CometStoreTest : public ::testing::Test {
   void CheckPReLU();
   // LRN within a channel: input lossy, internal buffers recomputed (defined below).
   void CheckLrnWithinChannel();
+  // Frozen weights between learning layers: their inputs are not stored (defined below).
+  void CheckFrozenMiddleLayers();
 
   // conv, ReLU, max pooling with overlapping windows, LRN across channels, Dropout: a net with
   // every kind of layer-private buffer the store keeps (Caffe's engines, named).
@@ -3982,6 +3984,60 @@ TEST_F(CometStoreTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals)
   CheckLrnWithinChannel();
 }
 
+// A convolution with frozen weights between learning layers, and a fixed bilinear upsampling
+// Deconvolution (FCN's, lr_mult 0): their backward computes the input's gradient only, from the
+// weights and the output's gradient (patch 0036), so their inputs are kept as ReLU's sign masks
+// alone, not as lossy values. Training reads no freed memory, and the gradient of conv1, whose
+// path to the loss runs through masks and exact weights only, is COMET off's bit for bit.
+void CometStoreTest::CheckFrozenMiddleLayers() {
+  const std::string frozen = " param { lr_mult: 0 } param { lr_mult: 0 } ";
+  const std::string net =
+      "name: 'frozen_middle' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 } "
+      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 2.99 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+      "num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } "
+      "bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2'" + frozen +
+      "convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' "
+      "std: 0.3 } bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'relu2' type: 'ReLU' bottom: 'conv2' top: 'conv2' } "
+      "layer { name: 'up' type: 'Deconvolution' bottom: 'conv2' top: 'up' param { lr_mult: 0 } "
+      "convolution_param { num_output: 4 group: 4 kernel_size: 4 stride: 2 pad: 1 "
+      "bias_term: false weight_filler { type: 'bilinear' } } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'up' top: 'ip' inner_product_param { "
+      "num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01");
+  shared_ptr<Solver<float> > on = SolverFor(
+      net, "comet { eb_mode: ADAPTIVE update_interval: 1 tiled_gemm: false }", "0.01");
+  Run(off.get(), 3);
+  Run(on.get(), 3);  // a read of memory the store freed would stop here
+  std::map<std::string, const CometStore<float>::Entry*> by_blob;
+  for (int e = 0; e < on->comet()->entries().size(); ++e)
+    by_blob[on->comet()->entries()[e].blob] = &on->comet()->entries()[e];
+  const char* masked[] = {"conv1", "conv2"};
+  for (int b = 0; b < 2; ++b) {
+    ASSERT_TRUE(by_blob.count(masked[b])) << masked[b];
+    EXPECT_EQ(by_blob[masked[b]]->action, CometStore<float>::MASK)
+        << masked[b] << ": its ReLU reads its signs, the frozen layer after it nothing";
+  }
+  ASSERT_TRUE(by_blob.count("up"));
+  EXPECT_EQ(by_blob["up"]->action, CometStore<float>::LOSSY) << "ip learns: it reads its input";
+  StepBothFromTheSameWeights(on.get(), off.get());
+  EXPECT_EQ(WeightGradientError(on.get(), off.get(), "conv1"), 0.0);
+  const double ip = WeightGradientError(on.get(), off.get(), "ip");
+  EXPECT_GT(ip, 0) << "ip's input was lossy";
+  EXPECT_LT(ip, 0.1);
+  const Blob<float>* w = on->net()->layer_by_name("conv2")->blobs()[0].get();
+  for (int j = 0; j < w->count(); ++j) ASSERT_EQ(w->cpu_diff()[j], 0.f) << "frozen";
+}
+
+TEST_F(CometStoreTest, AFrozenLayerBetweenLearningOnesDoesNotKeepItsInput) {
+  CheckFrozenMiddleLayers();
+}
+
 TEST_F(CometStoreTest, SigmoidTanHAndELUOutputsAreStoredUnderTheirOwnBound) {
   CheckOutputDerivatives();
 }
@@ -4273,6 +4329,9 @@ TEST_F(CometGPUTest, GlobalStatisticsBatchNormKeepsNoDenseXNorm) { CheckGlobalSt
 TEST_F(CometGPUTest, PReLUInputsAreLossyWithExactSigns) { CheckPReLU(); }
 TEST_F(CometGPUTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) {
   CheckLrnWithinChannel();
+}
+TEST_F(CometGPUTest, AFrozenLayerBetweenLearningOnesDoesNotKeepItsInput) {
+  CheckFrozenMiddleLayers();
 }
 TEST_F(CometGPUTest, SigmoidTanHAndELUOutputsAreStoredUnderTheirOwnBound) {
   CheckOutputDerivatives();

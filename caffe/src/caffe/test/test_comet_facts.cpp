@@ -162,6 +162,14 @@ Configs AllConfigs() {
         "kernel_size: 2 stride: 2" + w + "}").Bottom(img);
   c.Add("InnerProduct", "type: 'InnerProduct' inner_product_param { num_output: 4" + w + "}")
       .Bottom(img);
+  // frozen weights (lr_mult 0), the bias learning or not: the input is not read
+  const std::string frozen = " param { lr_mult: 0 } param { lr_mult: 0 } ";
+  c.Add("Convolution", "type: 'Convolution' convolution_param { num_output: 4 kernel_size: 3 "
+        "pad: 1" + w + "} param { lr_mult: 0 } param { lr_mult: 1 }").Bottom(img);
+  c.Add("Deconvolution", "type: 'Deconvolution' convolution_param { num_output: 2 "
+        "kernel_size: 2 stride: 2" + w + "}" + frozen).Bottom(img);
+  c.Add("InnerProduct", "type: 'InnerProduct' inner_product_param { num_output: 4" + w + "}" +
+        frozen).Bottom(img);
   c.Add("Embed", "type: 'Embed' embed_param { input_dim: 5 num_output: 3" + w + "}")
       .Label(S(2, 4), 5);
   c.Add("Scale", "type: 'Scale' scale_param { bias_term: true filler { type: 'gaussian' } }")
@@ -260,6 +268,8 @@ Configs CuDNNConfigs() {
         "group: 3 stride: 2" + w + "}").Bottom(img).CuDNN();
   c.Add("Convolution", "type: 'Convolution' convolution_param { num_output: 4 kernel_size: 3"
         + w + "}").Fixed(img).CuDNN();
+  c.Add("Convolution", "type: 'Convolution' convolution_param { num_output: 4 kernel_size: 3 "
+        "pad: 1" + w + "} param { lr_mult: 0 } param { lr_mult: 0 }").Bottom(img).CuDNN();
   c.Add("Deconvolution", "type: 'Deconvolution' convolution_param { num_output: 2 "
         "kernel_size: 2 stride: 2" + w + "}").Bottom(img).CuDNN();
   c.Add("ReLU", "type: 'ReLU'").Bottom(img).CuDNN();
@@ -374,6 +384,8 @@ Outcome RunConfig(const FactConfig& c, Poison poison, CometLayerFacts* facts_out
   Caffe::set_random_seed(1701);
   shared_ptr<Layer<float> > layer = c.make ? c.make(lp) : LayerRegistry<float>::CreateLayer(lp);
   layer->SetUp(bottom, top);
+  for (int p = 0; p < lp.param_size() && p < layer->blobs().size(); ++p)  // as Net sets it
+    layer->set_param_propagate_down(p, lp.param(p).lr_mult() != 0);
   // A row that says fills_whole: its own tops start as NaN, not zeros (as memory the store
   // freed does), and must come out as in a clean run.
   const bool fills = CometFactsRegistry<float>::Of(*layer, bottom, top).fills_whole;

@@ -382,6 +382,42 @@ TEST_F(CometPlanTest, DiffsNobodyWritesAreNotFreed) {
   EXPECT_TRUE(conv1) << "conv1's diff is written by ip's backward and freed after conv1's";
 }
 
+// A layer with frozen weights between learning ones runs a backward for its input's gradient,
+// which needs the weights and the output's gradient, not the input (patch 0036): the frozen
+// conv2 leaves relu1's signs the only backward read of conv1 (a mask, not lossy values), and a
+// fixed upsampling Deconvolution (FCN's, lr_mult 0) leaves its input to be freed.
+TEST_F(CometPlanTest, AFrozenLayerBetweenLearningOnesDoesNotKeepItsInput) {
+  const std::string frozen = "param { lr_mult: 0 } param { lr_mult: 0 } ";
+  const std::string tail =
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'up' top: 'ip' inner_product_param { "
+      "num_output: 3" + std::string(kFill) + "} } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const std::string conv2 =
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'conv1' top: 'conv2' " + frozen +
+      "convolution_param { num_output: 4 kernel_size: 3 pad: 1" + kFill + "} } ";
+  const std::string up =
+      "layer { name: 'up' type: 'Deconvolution' bottom: 'conv2' top: 'up' param { lr_mult: 0 } "
+      "convolution_param { num_output: 4 kernel_size: 2 stride: 2 group: 4 bias_term: false "
+      "weight_filler { type: 'bilinear' } } } ";
+  const std::string learning_up = "layer { name: 'up' type: 'Deconvolution' bottom: 'conv2' "
+      "top: 'up' convolution_param { num_output: 4 kernel_size: 2 stride: 2" + std::string(kFill) +
+      "} } ";
+  const std::string learning_conv2 = Conv("conv2", "conv1", 4);
+  for (int variant = 0; variant < 2; ++variant) {
+    Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+          InPlace("relu1", "ReLU", "conv1") + (variant ? learning_conv2 : conv2) +
+          (variant ? learning_up : up) + tail);
+    EXPECT_TRUE(net_->layer_need_backward()[Layer("conv2")]) << "conv1 learns below it";
+    if (variant == 0) {
+      EXPECT_EQ(ActionOf("conv1"), CometActions::MASK) << "conv2 (frozen) does not read it";
+      EXPECT_EQ(ActionOf("conv2"), CometActions::RELEASE) << "up (frozen) does not read it";
+    } else {  // the same net learning everywhere reads both
+      EXPECT_EQ(ActionOf("conv1"), CometActions::LOSSY);
+      EXPECT_EQ(ActionOf("conv2"), CometActions::LOSSY);
+    }
+  }
+}
+
 // Frozen layers (lr_mult 0, an input without gradient) run no backward: their blobs and private
 // buffers are freed after their forward. A BatchNorm after them without ParamSpecs runs one all
 // the same (Net counts its statistics as learnable): the plan says so and how to freeze it.
