@@ -155,11 +155,16 @@ void ReadsBoth(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) 
   All(&f->top, COMET_READS_VALUE);
 }
 
+// MVN: dx from dy alone for mean subtraction; with normalize_variance from the output too, and
+// from its per-group standard deviation (patch 0037: upstream fetched the input for nothing).
+template <typename Dtype>
+void MVNRow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
+  if (l.layer_param().mvn_param().normalize_variance()) All(&f->top, COMET_READS_VALUE);
+}
+
 // Convolution, InnerProduct, Deconvolution: dW = sum x (x) dy reads x (Deconvolution: x against
-// its output gradient's columns); dx reads only W and dy.
-// Convolution, Deconvolution, InnerProduct: the input only for the weights' gradient (patch 0036
-// for the two convolutions), so none with the weights frozen (lr_mult 0: Net leaves
-// param_propagate_down(0) false).
+// its output gradient's columns); dx reads only W and dy. So no input with the weights frozen
+// (lr_mult 0: Net leaves param_propagate_down(0) false; patch 0036 for the two convolutions).
 template <typename Dtype>
 void WeightedLinear(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
   if (!const_cast<Layer<Dtype>&>(l).param_propagate_down(0)) return;
@@ -428,7 +433,7 @@ REGISTER_COMET_FACTS("Exp", ExpLayer, ExpRow);
 REGISTER_COMET_FACTS("Softmax", SoftmaxLayer, SoftmaxRow);
 REGISTER_COMET_FACTS("Swish", SwishLayer, ReadsTop);
 REGISTER_COMET_FACTS("ELU", ELULayer, ELURow);
-REGISTER_COMET_FACTS("MVN", MVNLayer, ReadsBoth);
+REGISTER_COMET_FACTS("MVN", MVNLayer, MVNRow);
 REGISTER_COMET_FACTS("LRN", LRNLayer, LRNRow);
 REGISTER_COMET_FACTS("Pooling", PoolingLayer, PoolingRow);
 REGISTER_COMET_FACTS("SPP", SPPLayer, ReadsNothing);

@@ -149,6 +149,7 @@ Configs AllConfigs() {
   c.Add("Swish", "type: 'Swish' swish_param { beta: 1.5 }").Bottom(img);
   c.Add("Softmax", "type: 'Softmax'").Bottom(img);
   c.Add("MVN", "type: 'MVN'").Bottom(img);
+  c.Add("MVN", "type: 'MVN' mvn_param { across_channels: true eps: 0.01 }").Bottom(img);
   c.Add("MVN", "type: 'MVN' mvn_param { normalize_variance: false across_channels: true }")
       .Bottom(img);
   c.Add("Dropout", "type: 'Dropout' dropout_param { dropout_ratio: 0.4 }").Bottom(img);

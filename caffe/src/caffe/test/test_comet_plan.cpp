@@ -382,6 +382,25 @@ TEST_F(CometPlanTest, DiffsNobodyWritesAreNotFreed) {
   EXPECT_TRUE(conv1) << "conv1's diff is written by ip's backward and freed after conv1's";
 }
 
+// MVN's backward reads no input (patch 0037) and its output only to undo the variance's
+// normalization: the input is freed after the forward; the output, read by conv2 for its
+// weights' gradient, is kept for MVN (values, no lossy rule) or, for mean subtraction alone,
+// stored lossy for conv2 alone.
+TEST_F(CometPlanTest, MVNKeepsNoInputAndItsOutputOnlyToNormalizeTheVariance) {
+  const std::string tail =
+      Conv("conv2", "mvn", 4) +
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv2' top: 'ip' inner_product_param { "
+      "num_output: 3" + std::string(kFill) + "} } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  for (int normalize = 0; normalize < 2; ++normalize) {
+    Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+          "layer { name: 'mvn' type: 'MVN' bottom: 'conv1' top: 'mvn' mvn_param { "
+          "normalize_variance: " + (normalize ? "true" : "false") + " } } " + tail);
+    EXPECT_EQ(ActionOf("conv1"), CometActions::RELEASE) << "normalize_variance " << normalize;
+    EXPECT_EQ(ActionOf("mvn"), normalize ? CometActions::KEEP : CometActions::LOSSY);
+  }
+}
+
 // A layer with frozen weights between learning ones runs a backward for its input's gradient,
 // which needs the weights and the output's gradient, not the input (patch 0036): the frozen
 // conv2 leaves relu1's signs the only backward read of conv1 (a mask, not lossy values), and a
