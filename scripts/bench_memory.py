@@ -10,6 +10,8 @@ then with one:
       (examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt), on random 32x32 crops,
   cifar10_prelu: upstream's CIFAR-10 quick net with its ReLUs made PReLUs (in place), on random
       32x32 crops,
+  cifar10_swish: the same with its ReLUs made Swish (not in place, as EfficientNet's), on random
+      32x32 crops,
   cifar10_full: upstream's CIFAR-10 full net (LRN within channels, average pooling), on random
       32x32 crops.
 Its input is either
@@ -23,7 +25,8 @@ benchmark's own memory does not count). Reported per run: peak RSS, the store's 
 storage (COMET runs), seconds per iteration after warm-up (wall clock, median), and the CPU seconds
 (user + system) of the whole run, which another tenant's load on a shared machine disturbs less.
 
-    scripts/bench_memory [--model caffenet|resnet|googlenet|cifar10_sigmoid|cifar10_prelu|cifar10_full]
+    scripts/bench_memory [--model caffenet|resnet|googlenet|cifar10_sigmoid|cifar10_prelu|cifar10_swish|
+                                  cifar10_full]
                          [--batches 64 256]
                          [--iters 3]
                          [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
@@ -98,11 +101,14 @@ MODELS = {
                         "examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt"),
     "cifar10_prelu": ("CIFAR-10 quick (ReLUs as PReLUs)", "upstream",
                       "examples/cifar10/cifar10_quick_train_test.prototxt"),
+    "cifar10_swish": ("CIFAR-10 quick (ReLUs as Swish)", "upstream",
+                      "examples/cifar10/cifar10_quick_train_test.prototxt"),
     "cifar10_full": ("CIFAR-10 full (LRN within channels)", "upstream",
                      "examples/cifar10/cifar10_full_train_test.prototxt"),
 }
-CROP = {"cifar10_sigmoid": 32, "cifar10_prelu": 32, "cifar10_full": 32}  # nets without a crop of their own, for 32x32
-PRELU = {"cifar10_prelu"}  # nets whose ReLUs become PReLUs
+CROP = {"cifar10_sigmoid": 32, "cifar10_prelu": 32, "cifar10_swish": 32,
+        "cifar10_full": 32}  # nets without a crop of their own, for 32x32
+NEURON = {"cifar10_prelu": "PReLU", "cifar10_swish": "Swish"}  # nets whose ReLUs become another neuron
 
 
 def model_file(model: str, variant: str | None) -> Path:
@@ -115,11 +121,15 @@ def model_file(model: str, variant: str | None) -> Path:
 
 def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path,
              frozen_before: str | None = None, bn_global_stats: bool = False,
-             crop: int | None = None, prelu: bool = False) -> str:
+             crop: int | None = None, neuron: str | None = None) -> str:
     net = pb2.NetParameter()
     text_format.Merge(model_path.read_text(), net)
     layers = []
+    renamed = {}  # blob -> the out-of-place Swish output that replaces it for later readers
     for layer in net.layer:
+        for k, b in enumerate(layer.bottom):
+            if b in renamed:
+                layer.bottom[k] = renamed[b]
         if any(rule.phase == pb2.TEST for rule in layer.include) or layer.type == "Accuracy":
             continue
         if layer.type == "Data" and images is not None:
@@ -139,9 +149,12 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
             p.data_filler.add(type="gaussian", std=50)
             p.data_filler.add(type="uniform", min=0, max=119)
             layer = dummy
-        if prelu and layer.type == "ReLU":
-            layer.type = "PReLU"
+        if neuron and layer.type == "ReLU":
+            layer.type = neuron
             layer.ClearField("relu_param")
+            if neuron == "Swish" and list(layer.top) == list(layer.bottom):
+                renamed[layer.top[0]] = layer.name
+                layer.top[0] = layer.name
         layers.append(layer)
     if frozen_before:
         try:
@@ -251,14 +264,14 @@ def main() -> int:
         weights = None
         if args.bn_global_stats:  # statistics as a fine-tuned net starts from: a few real batches' averages
             stats = make_net(pb2, text_format, args.batches[0], images, model_path, args.freeze_before,
-                             crop=CROP.get(args.model), prelu=args.model in PRELU)
+                             crop=CROP.get(args.model), neuron=NEURON.get(args.model))
             run(caffe, work, "statistics", stats, None, 3, args.gpu, snapshot=True)
             weights = work / "statistics_iter_3.caffemodel"
             print(f"BatchNorm statistics of 3 training iterations at batch {args.batches[0]}: {weights.name}",
                   flush=True)
         for batch in args.batches:
             net = make_net(pb2, text_format, batch, images, model_path, args.freeze_before, args.bn_global_stats,
-                           crop=CROP.get(args.model), prelu=args.model in PRELU)
+                           crop=CROP.get(args.model), neuron=NEURON.get(args.model))
             modes = ["off"] + list(blocks)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike

@@ -351,6 +351,35 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
         assert math.isclose(row["dense_bytes"], maps, rel_tol=1e-6), row
 
 
+@WF_NEEDS_BUILD
+def test_swishs_sigmoid_buffers_count_their_size(tmp_path):
+    """Swish not in place computes its backward from its input (patch 0038): its sigmoid's input and output, each as
+    large as its output, are freed after the forward, and the table gives them their size."""
+    net = """name: "swish"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 10 dim: 3 dim: 16 dim: 16 } shape { dim: 10 }
+    data_filler { type: "gaussian" std: 1 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "swish1" type: "Swish" bottom: "conv1" top: "swish1" }
+layer { name: "ip" type: "InnerProduct" bottom: "swish1" top: "ip"
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+    solver = _solver_with_net(tmp_path, net)
+    r = _cometctl("plan", "--solver", str(solver), "--cpu", "--measure", "4,8", "--iters", "2",
+                  "--json", str(tmp_path / "plan.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    by_blob = {row["blob"]: row for row in doc["layers"]}
+    maps = 8 * 16 * 16 * 4 * doc["solver_batch"]  # bytes of conv1's output
+    for part in ("sigmoid_input", "sigmoid_output"):
+        row = by_blob[f"swish1 {part}"]
+        assert row["action"] == "release" and row["stored_bytes"] == 0, row
+        assert math.isclose(row["dense_bytes"], maps, rel_tol=1e-6), row
+    assert by_blob["conv1"]["action"] == "lossy" and by_blob["conv1"]["error_bound"] > 0  # Swish reads it
+
+
 def test_the_solvers_train_state_chooses_the_layers(wf_pb2):
     """Caffe builds the train net in phase TRAIN plus the net's `state` and the solver's `train_state`
     (level, stages): plan assumed level 0 and no stages, so a net whose layers pick a stage was measured

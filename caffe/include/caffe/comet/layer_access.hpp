@@ -14,6 +14,7 @@
 #include "caffe/layers/pooling_layer.hpp"
 #include "caffe/layers/prelu_layer.hpp"
 #include "caffe/layers/scale_layer.hpp"
+#include "caffe/layers/swish_layer.hpp"
 #include "caffe/util/math_functions.hpp"
 
 namespace caffe {
@@ -68,6 +69,13 @@ class CometLayerAccess {
       return part == 0 ? &l->scale_ : NULL;
     Blob<Dtype>* within[] = {&l->square_output_, &l->pool_output_, &l->power_output_};
     return part >= 0 && part < 3 ? within[part] : NULL;
+  }
+  // Swish's sigmoid input (part 0) and output (1), each as large as its input; NULL past the
+  // last part, or for another layer.
+  static Blob<Dtype>* swish_sigmoid(Layer<Dtype>* layer, int part) {
+    SwishLayer<Dtype>* l = dynamic_cast<SwishLayer<Dtype>*>(layer);
+    if (!l || part < 0 || part > 1) return NULL;
+    return part == 0 ? l->sigmoid_input_.get() : l->sigmoid_output_.get();
   }
   // LRN within a channel: the internal blobs whose diffs its backward writes and reads (its
   // internal layers' gradients, each as large as its input), else empty.

@@ -360,15 +360,20 @@ double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
 // Softmax computes dx_i = y_i (dy_i - s), s = sum_j dy_j y_j along its axis: an error e moves it
 // by e_i (dy_i - s) - y_i sum_j dy_j e_j, an RMS of eb sqrt(E[(dy_i - s)^2 + y_i^2 sum_j dy_j^2]
 // / 3) with the errors independent along the axis (their sum over j is the one place they meet).
-// Returns that per unit of bound, from the y the backward is about to read.
+// Swish (not in place) computes dx = dy f'(x) from its input: e in x moves dx by e dy f''(x),
+// f''(x) = beta s (1 - s) (2 + beta x (1 - 2 s)), s = sigma(beta x) (|f''| <= beta / 2), an RMS
+// of eb sqrt(E[dy^2 f''^2] / 3) the same way.
+// Returns that per unit of bound, from the y (Swish: x) the backward is about to read.
 template <typename Dtype>
 double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) const {
-  const Blob<Dtype>* y = net_->top_vecs()[layer][0];
   const CometLayerFacts::Derivative kind = derivative_[layer];
   CHECK_NE(kind, CometLayerFacts::NO_DERIVATIVE) << net_->layer_names()[layer];
+  const bool of_input = kind == CometLayerFacts::SWISH_OF_INPUT;
+  const Blob<Dtype>* y = of_input ? net_->bottom_vecs()[layer][0] : net_->top_vecs()[layer][0];
   const LayerParameter& lp = net_->layers()[layer]->layer_param();
   const Dtype* yd = y->cpu_data();
-  const Dtype* dy = y->cpu_diff();
+  const Dtype* dy = net_->top_vecs()[layer][0]->cpu_diff();
+  const double beta = lp.swish_param().beta();
   double sum = 0, m1 = 0, m2 = 0;
   if (kind == CometLayerFacts::SOFTMAX_OF_OUTPUT) {
     const int axis = y->CanonicalAxisIndex(lp.softmax_param().axis());
@@ -392,10 +397,16 @@ double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) co
   const double c = ep.scale() * (ep.base() == -1 ? 1. : std::log(static_cast<double>(ep.base())));
   for (int i = 0; i < y->count(); ++i) {
     if (kind != CometLayerFacts::SOFTMAX_OF_OUTPUT) {
-      const double g = kind == CometLayerFacts::SIGMOID_OF_OUTPUT ? 1. - 2. * yd[i]
-                       : kind == CometLayerFacts::TANH_OF_OUTPUT  ? 2. * yd[i]
-                       : kind == CometLayerFacts::EXP_OF_OUTPUT   ? c
-                                                                  : yd[i] <= 0;  // ELU
+      double g;
+      if (of_input) {
+        const double bx = beta * yd[i], s = 0.5 * std::tanh(0.5 * bx) + 0.5;
+        g = beta * s * (1. - s) * (2. + bx * (1. - 2. * s));
+      } else {
+        g = kind == CometLayerFacts::SIGMOID_OF_OUTPUT ? 1. - 2. * yd[i]
+            : kind == CometLayerFacts::TANH_OF_OUTPUT  ? 2. * yd[i]
+            : kind == CometLayerFacts::EXP_OF_OUTPUT   ? c
+                                                       : yd[i] <= 0;  // ELU
+      }
       sum += static_cast<double>(dy[i]) * dy[i] * g * g;
     }
     m1 += yd[i];

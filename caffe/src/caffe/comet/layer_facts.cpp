@@ -108,10 +108,25 @@ void ReadsBottom(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f
   All(&f->bottom, COMET_READS_VALUE);
 }
 
-// Backward reads its output's values only (Swish; also its private sigmoid_output_).
+// Backward reads its output's values only.
 template <typename Dtype>
 void ReadsTop(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
   All(&f->top, COMET_READS_VALUE);
+}
+
+// Swish: y' = sigma(beta x) (1 + beta x (1 - sigma(beta x))) from its input alone (patch 0038),
+// lossy under the derivative rule; its sigmoid's input and output (each as large as x) are not
+// read after the forward. In place upstream's backward reads y and the sigmoid's output.
+template <typename Dtype>
+void SwishRow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f) {
+  if (s.in_place) {
+    All(&f->top, COMET_READS_VALUE);
+    return;
+  }
+  All(&f->bottom, COMET_READS_VALUE);
+  f->lossy_input = true;
+  f->derivative = CometLayerFacts::SWISH_OF_INPUT;
+  f->private_buffer = CometLayerFacts::SWISH_SIGMOID;
 }
 
 // f' from the output's values, lossy under the derivative rule (`kind`: how f' follows from y).
@@ -431,7 +446,7 @@ REGISTER_COMET_FACTS("Sigmoid", SigmoidLayer, SigmoidRow);
 REGISTER_COMET_FACTS("TanH", TanHLayer, TanHRow);
 REGISTER_COMET_FACTS("Exp", ExpLayer, ExpRow);
 REGISTER_COMET_FACTS("Softmax", SoftmaxLayer, SoftmaxRow);
-REGISTER_COMET_FACTS("Swish", SwishLayer, ReadsTop);
+REGISTER_COMET_FACTS("Swish", SwishLayer, SwishRow);
 REGISTER_COMET_FACTS("ELU", ELULayer, ELURow);
 REGISTER_COMET_FACTS("MVN", MVNLayer, MVNRow);
 REGISTER_COMET_FACTS("LRN", LRNLayer, LRNRow);

@@ -123,6 +123,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
   std::set<std::string> lossy_types;
   for (int i = 0; i < param.compress_type_size(); ++i) lossy_types.insert(param.compress_type(i));
   if (lossy_types.empty()) {
+    lossy_types.insert("Swish");
     lossy_types.insert("Convolution");
     lossy_types.insert("InnerProduct");
     lossy_types.insert("LRN");
@@ -297,7 +298,8 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
       case CometLayerFacts::MAX_ARGMAX: e.action = CometActions::ARGMAX; e.blob = e.name + " argmax"; break;
       case CometLayerFacts::DROPOUT_MASK: e.action = CometActions::BINARY; e.blob = e.name + " mask"; break;
       case CometLayerFacts::LRN_SCALE: e.action = CometActions::RECOMPUTE; e.blob = e.name + " scale"; break;
-      case CometLayerFacts::LRN_WITHIN: e.action = CometActions::RECOMPUTE; break;  // named below
+      case CometLayerFacts::LRN_WITHIN:  // named below
+      case CometLayerFacts::SWISH_SIGMOID: e.action = CometActions::RECOMPUTE; break;
       case CometLayerFacts::BN_TEMP: e.action = CometActions::REBUILD; e.blob = e.name + " temp"; break;
       case CometLayerFacts::SCALE_COPY: {
         // In place, Scale copies its input: when BatchNorm wrote it (no layer in between), the
@@ -332,13 +334,17 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     if (!runs_backward) e.action = CometActions::RELEASE;
     e.last_forward = i;
     e.last_backward = runs_backward ? i : -1;
-    // LRN within a channel: its internal layers' outputs, one entry each.
+    // LRN within a channel: its internal layers' outputs, one entry each; Swish: its sigmoid's
+    // input and output, never read after the forward.
     const char* within[] = {" squares", " means", " scale"};  // of x^2 over the windows; s^-beta
+    const char* swish[] = {" sigmoid_input", " sigmoid_output"};  // one word: cometctl plan
     const bool lrn_within = plan.facts[i].private_buffer == CometLayerFacts::LRN_WITHIN;
-    for (int part = 0; part < (lrn_within ? 3 : 1); ++part) {
+    const bool sigmoids = plan.facts[i].private_buffer == CometLayerFacts::SWISH_SIGMOID;
+    for (int part = 0; part < (lrn_within ? 3 : sigmoids ? 2 : 1); ++part) {
       if (lrn_within) e.blob = e.name + within[part];
+      if (sigmoids) e.blob = e.name + swish[part];
       e.part = part;
-      e.unread = lrn_within && plan.facts[i].lrn_from_input;
+      e.unread = (lrn_within && plan.facts[i].lrn_from_input) || sigmoids;
       plan.private_of_layer[i].push_back(plan.entries.size());
       plan.after_forward[i].push_back(plan.entries.size());
       if (runs_backward) plan.after_backward[i].push_back(plan.entries.size());
@@ -517,6 +523,10 @@ std::string DescribeCometPlan(const CometPlan& plan, const Net<Dtype>& net,
     } else if (en.action == CometActions::REBUILD) {
       os << "freed after " << en.name << " forward, rebuilt before its backward";
       if (en.source >= 0) os << " from " << net.layer_names()[en.source] << "'s output";
+    } else if (en.action == CometActions::RECOMPUTE && en.unread &&
+               plan.facts[en.layer].private_buffer == CometLayerFacts::SWISH_SIGMOID) {
+      os << "freed after " << en.name << " forward, not read: " << en.name
+         << "'s backward works from its input";
     } else if (en.action == CometActions::RECOMPUTE && en.unread) {
       os << "freed after " << en.name << " forward, not read: the store computes " << en.name
          << "'s backward from its input";

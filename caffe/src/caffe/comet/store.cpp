@@ -34,8 +34,13 @@ SyncedMemory* PrivateBufferOf(Layer<Dtype>* layer, CometActions::Action buffer, 
   switch (buffer) {
     case CometActions::ARGMAX: return CometLayerAccess<Dtype>::argmax(layer)->data().get();
     case CometActions::BINARY: return CometLayerAccess<Dtype>::dropout_mask(layer)->data().get();
-    case CometActions::RECOMPUTE:
-      return CometLayerAccess<Dtype>::lrn_recomputed(layer, part)->data().get();
+    case CometActions::RECOMPUTE: {  // LRN's scale or internal outputs, or Swish's sigmoid's
+      Blob<Dtype>* b = CometLayerAccess<Dtype>::lrn_recomputed(layer, part);
+      if (!b) b = CometLayerAccess<Dtype>::swish_sigmoid(layer, part);
+      CHECK(b) << "COMET: layer " << layer->layer_param().name() << " has no buffer " << part
+               << " to recompute";
+      return b->data().get();
+    }
     case CometActions::REBUILD: return CometLayerAccess<Dtype>::rebuildable(layer)->data().get();
     case CometActions::KEEP:
     case CometActions::LOSSY: return CometLayerAccess<Dtype>::lossy_buffer(layer)->data().get();
@@ -1169,7 +1174,8 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     e.timing->DecodedInStep(CometMsSince(start));
   }
   if (param_.relu_masks() && plan_.facts[layer].relu_from_mask) ReluBackwardFromMask(layer);
-  if (!own.empty() && entries_[own[0]].unread) LrnBackwardFromInput(layer);
+  if (plan_.facts[layer].lrn_from_input && !own.empty() && entries_[own[0]].unread)
+    LrnBackwardFromInput(layer);
   if (param_.pool_codes()) PoolBackwardFromCodes(layer);
   if (measuring_) bounds_.BeforeBackward(layer);
   DecodeAhead(layer);  // while this layer's backward runs

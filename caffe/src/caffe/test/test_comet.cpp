@@ -56,6 +56,7 @@
 #include "caffe/layers/scale_layer.hpp"
 #include "caffe/layers/sigmoid_layer.hpp"
 #include "caffe/layers/softmax_layer.hpp"
+#include "caffe/layers/swish_layer.hpp"
 #include "caffe/layers/tanh_layer.hpp"
 #include "caffe/sgd_solvers.hpp"
 #include "caffe/solver.hpp"
@@ -1259,6 +1260,66 @@ TEST_F(CometPayloadTest, ExpAndSoftmaxGradientErrorMatchesTheDerivation) {
   }
 }
 
+// Swish not in place computes dx = dy f'(x) from its input (patch 0038). An error e in x, uniform
+// in [-eb, eb], moves dx by an RMS of eb sqrt(E[dy^2 f''(x)^2] / 3), f''(x) = beta s (1 - s)
+// (2 + beta x (1 - 2 s)), s = sigma(beta x) (bounds.cpp, DerivativeErrorPerBound); sz's errors at
+// the same bound stay within it. The gradient from the input is upstream's from the output.
+TEST_F(CometPayloadTest, SwishGradientErrorFromItsInputMatchesTheDerivation) {
+  const float betas[] = {1.f, 1.5f};
+  for (int k = 0; k < 2; ++k) {
+    const double beta = betas[k];
+    Blob<float> bottom(4, 6, 10, 10), top;
+    std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
+    FillerParameter wide;
+    wide.set_std(2.5f);
+    GaussianFiller<float>(wide).Fill(&bottom);
+    const std::vector<float> x(bottom.cpu_data(), bottom.cpu_data() + bottom.count());
+    LayerParameter lp;
+    lp.mutable_swish_param()->set_beta(betas[k]);
+    SwishLayer<float> layer(lp);
+    layer.SetUp(bv, tv);
+    layer.Forward(bv, tv);
+    FillerParameter fp;
+    fp.set_std(1.f);
+    Blob<float> dy(top.shape());
+    GaussianFiller<float>(fp).Fill(&dy);
+    const std::vector<bool> down(1, true);
+    caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
+    layer.Backward(tv, down, bv);
+    const std::vector<float> exact(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
+    // upstream's form, from the output and the sigmoid: beta y + s (1 - beta y)
+    const float* g = dy.cpu_data();
+    double sum = 0;
+    for (int i = 0; i < bottom.count(); ++i) {
+      const double bx = beta * x[i], s = 0.5 * std::tanh(0.5 * bx) + 0.5, y = x[i] * s;
+      ASSERT_NEAR(exact[i], g[i] * (beta * y + s * (1. - beta * y)), 1e-5 * (1. + std::fabs(g[i])))
+          << "at " << i;
+      const double f2 = beta * s * (1. - s) * (2. + bx * (1. - 2. * s));
+      sum += g[i] * g[i] * f2 * f2;
+    }
+    const double per_eb = std::sqrt(sum / (3. * bottom.count()));
+    const float eb = 1e-2f;
+    for (int way = 0; way < 2; ++way) {  // uniform errors, then sz's
+      if (way == 0) {
+        uint32_t state = 5;
+        for (int i = 0; i < bottom.count(); ++i)
+          bottom.mutable_cpu_data()[i] = x[i] + eb * (2.f * NextUniform(&state) - 1.f);
+      } else {
+        shared_ptr<CometPayload> p = CometEncodeLossy(x.data(), bottom.shape(), false, eb, "x");
+        std::string error;
+        ASSERT_TRUE(CometDecode(*p, bottom.mutable_cpu_data(), &error)) << error;
+      }
+      caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
+      layer.Backward(tv, down, bv);
+      double err = 0;
+      for (int i = 0; i < bottom.count(); ++i) err += std::pow(bottom.cpu_diff()[i] - exact[i], 2);
+      const double rms = std::sqrt(err / bottom.count());
+      if (way == 0) EXPECT_GT(rms, 0.9 * eb * per_eb) << "beta " << beta;
+      EXPECT_LT(rms, 1.1 * eb * per_eb) << "beta " << beta << (way ? ", sz" : ", uniform");
+    }
+  }
+}
+
 // Deconvolution's weight gradient sums its input x against its output gradient's columns: with x
 // off by independent errors in [-eb, eb], the RMS error over the weights is eb ||dy|| /
 // sqrt(3 C_out) at stride 1 (the independent estimate with Deconvolution's outputs, bounds.cpp
@@ -2210,6 +2271,8 @@ class CometStoreTest : public ::testing::Test {
   void CheckPReLU();
   // LRN within a channel: input lossy, internal buffers recomputed (defined below).
   void CheckLrnWithinChannel();
+  // Swish: its input lossy, its sigmoid's buffers freed after the forward (defined below).
+  void CheckSwish();
   // Frozen weights between learning layers: their inputs are not stored (defined below).
   void CheckFrozenMiddleLayers();
 
@@ -3984,6 +4047,65 @@ TEST_F(CometStoreTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals)
   CheckLrnWithinChannel();
 }
 
+// Swish (EfficientNet's activation) not in place computes its backward from its input (patch
+// 0038): the input is stored lossy under the derivative rule, its output is left to the next
+// layer's reads, and its sigmoid's input and output (each as large as the input) are freed after
+// the forward. Before, the output and both sigmoid buffers stayed dense through the step. In place
+// it keeps upstream's backward (the output and the sigmoid's output).
+void CometStoreTest::CheckSwish() {
+  const std::string net =
+      "name: 'swish' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
+      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'swish1' type: 'Swish' bottom: 'conv1' top: 'swish1' } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'swish1' top: 'conv2' convolution_param { "
+      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'swish2' type: 'Swish' bottom: 'conv2' top: 'swish2' swish_param { beta: 1.5 } } "
+      "layer { name: 'pool' type: 'Pooling' bottom: 'swish2' top: 'pool' pooling_param { pool: AVE "
+      "kernel_size: 4 stride: 4 } } "
+      "layer { name: 'swish3' type: 'Swish' bottom: 'pool' top: 'pool' } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
+      "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  // Lossless: COMET off's weights bit for bit, the sigmoid buffers empty between the passes.
+  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01");
+  shared_ptr<Solver<float> > exact = SolverFor(net, "comet { compress_type: 'None' }", "0.01");
+  Run(off.get(), 3);
+  Run(exact.get(), 3);
+  const std::vector<float> a = Params(off.get()), b = Params(exact.get());
+  ASSERT_EQ(a.size(), b.size());
+  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param " << i;
+  int freed = 0;
+  for (int e = 0; e < exact->comet()->entries().size(); ++e) {
+    const CometStore<float>::Entry& en = exact->comet()->entries()[e];
+    if (en.layer < 0 || en.name.substr(0, 5) != "swish") continue;
+    EXPECT_NE(en.name, "swish3") << "in place: upstream's backward reads the sigmoid's output";
+    EXPECT_EQ(en.action, CometStore<float>::RECOMPUTE) << en.blob;
+    EXPECT_TRUE(en.unread) << en.blob;
+    ++freed;
+  }
+  EXPECT_EQ(freed, 4) << "the sigmoid input and output of swish1 and swish2";
+  caffe::Net<float>* n = exact->net().get();
+  n->ClearParamDiffs();
+  n->Forward();
+  for (int l = 0; l < 2; ++l) {
+    Layer<float>* swish = n->layer_by_name(l ? "swish2" : "swish1").get();
+    for (int p = 0; p < 2; ++p) {
+      EXPECT_EQ(CometLayerAccess<float>::swish_sigmoid(swish, p)->data()->head(),
+                SyncedMemory::UNINITIALIZED) << "swish" << l + 1 << " part " << p;
+    }
+  }
+  n->Backward();
+  // Lossy: the bounds follow the derivative rule; conv1 and conv2 (128 KB each) compressed
+  // rather than dense.
+  const char* layers[] = {"swish1", "swish2"};
+  CheckDerivativeRule(net, std::vector<std::string>(layers, layers + 2), 128 * 1024);
+}
+
+TEST_F(CometStoreTest, SwishStoresItsInputAndFreesItsSigmoidBuffers) { CheckSwish(); }
+
 // A convolution with frozen weights between learning layers, and a fixed bilinear upsampling
 // Deconvolution (FCN's, lr_mult 0): their backward computes the input's gradient only, from the
 // weights and the output's gradient (patch 0036), so their inputs are kept as ReLU's sign masks
@@ -4330,6 +4452,7 @@ TEST_F(CometGPUTest, PReLUInputsAreLossyWithExactSigns) { CheckPReLU(); }
 TEST_F(CometGPUTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) {
   CheckLrnWithinChannel();
 }
+TEST_F(CometGPUTest, SwishStoresItsInputAndFreesItsSigmoidBuffers) { CheckSwish(); }
 TEST_F(CometGPUTest, AFrozenLayerBetweenLearningOnesDoesNotKeepItsInput) {
   CheckFrozenMiddleLayers();
 }

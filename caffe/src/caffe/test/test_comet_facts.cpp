@@ -147,6 +147,7 @@ Configs AllConfigs() {
   c.Add("Sigmoid", "type: 'Sigmoid'").Bottom(img).InPlace();
   c.Add("TanH", "type: 'TanH'").Bottom(img);
   c.Add("Swish", "type: 'Swish' swish_param { beta: 1.5 }").Bottom(img);
+  c.Add("Swish", "type: 'Swish' swish_param { beta: 1.5 }").Bottom(img).InPlace();
   c.Add("Softmax", "type: 'Softmax'").Bottom(img);
   c.Add("MVN", "type: 'MVN'").Bottom(img);
   c.Add("MVN", "type: 'MVN' mvn_param { across_channels: true eps: 0.01 }").Bottom(img);
