@@ -19,7 +19,8 @@ import zoo_check  # noqa: E402
 SCRIPT = REPO / "scripts" / "zoo_check.py"
 CHECKS = ("iter0", "ran", "freed", "loss", "grad", "stored")
 # issue 9, item 4: upstream's models/ and examples/ that the CPU build runs, ours, and the ResNet
-ZOO = {"caffenet", "alexnet", "googlenet", "flickr_style", "cifar10_quick", "cifar10_quick_prelu", "cifar10_full",
+ZOO = {"caffenet", "alexnet", "googlenet", "flickr_style", "cifar10_quick", "cifar10_quick_prelu",
+       "cifar10_quick_swish", "cifar10_full",
        "cifar10_sigmoid", "cifar10_sigmoid_bn", "lenet",
        "mnist_autoencoder", "siamese", "comet_tiny", "caffenet_dogs", "resnet18_dogs", "resnet18_frozen",
        "hdf5_nonlinear", "pycaffe_linreg"}
@@ -120,6 +121,20 @@ def test_the_prelu_net_is_the_quick_net_with_prelus_and_its_own_starting_bound(w
     assert swapped == [("PReLU", "ReLU")] * 3
     assert all(list(x.top) == list(x.bottom) for x in a.layer if x.type == "PReLU")  # in place, as the ReLUs
     assert 0 < net.start_bound < 1e-3 and plain.start_bound == 0
+
+
+def test_the_swish_net_is_the_quick_net_with_swish_out_of_place(wf_pb2):
+    net, plain = zoo_check.BY_NAME["cifar10_quick_swish"], zoo_check.BY_NAME["cifar10_quick"]
+    a, b = zoo_check.train_net(net, wf_pb2), zoo_check.train_net(plain, wf_pb2)
+    assert [l.name for l in a.layer] == [l.name for l in b.layer]
+    swapped = [(x.type, y.type) for x, y in zip(a.layer, b.layer) if x.type != y.type]
+    assert swapped == [("Swish", "ReLU")] * 3
+    for i, layer in enumerate(a.layer):
+        if layer.type != "Swish":
+            continue
+        assert list(layer.top) == [layer.name] and list(layer.bottom) == list(b.layer[i].bottom)
+        # the next layer reads the Swish's output where it read the ReLU's blob
+        assert list(a.layer[i + 1].bottom) == [layer.name] and list(b.layer[i + 1].bottom) == list(b.layer[i].top)
 
 
 def test_freed_read_lines_are_recognised():
