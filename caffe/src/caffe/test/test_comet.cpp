@@ -3928,9 +3928,7 @@ TEST_F(CometStoreTest, PReLUInputsAreLossyWithExactSigns) { CheckPReLU(); }
 // scale s^-beta) and gradients are each as large as its input, and its backward never reads its
 // output. Its input is stored lossy under LRN's rule. The store computes the backward from the
 // input (CPU and GPU: lossless training agrees with COMET off's to float rounding), the internal
-// outputs go right after the forward and the gradients are never allocated. (A double net keeps
-// upstream's chain: its internal outputs are freed and computed again from the restored input
-// before the backward, or kept until it, recompute_lrn.)
+// outputs go right after the forward and the gradients are never allocated, recompute_lrn or not.
 void CometStoreTest::CheckLrnWithinChannel() {
   const std::string net =
       "name: 'lcn' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
