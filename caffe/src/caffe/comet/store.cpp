@@ -922,7 +922,10 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
     // store computes that backward without it.
     if (e->action == RECOMPUTE && !param_.recompute_lrn() && !e->unread) return;
     e->dense_bytes += mem->size();
-    mem->comet_release();
+    // Unread until the layer's next forward writes it (BeforeForward drops the marker): a read
+    // in between is refused, naming the buffer, rather than given zeros.
+    if (e->unread) CometMarkReleased(mem, EntryWhat(*e), "layer_buffers: false");
+    else mem->comet_release();
     e->samples += 1;
     return;
   }
