@@ -182,7 +182,8 @@ void MVNRow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
 // (lr_mult 0: Net leaves param_propagate_down(0) false; patch 0036 for the two convolutions).
 template <typename Dtype>
 void WeightedLinear(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
-  if (!const_cast<Layer<Dtype>&>(l).param_propagate_down(0)) return;
+  Layer<Dtype>& layer = const_cast<Layer<Dtype>&>(l);  // param_propagate_down is not const
+  if (!layer.blobs().empty() && !layer.param_propagate_down(0)) return;  // set up, and frozen
   All(&f->bottom, COMET_READS_VALUE);
   f->lossy_input = true;
   f->adaptive = true;
