@@ -316,6 +316,15 @@ def test_a_small_net_is_measured_at_larger_batches_until_its_peak_grows(tmp_path
     assert "COMET on also at" in r.stdout and "the peak grew only" in r.stdout
 
 
+def _plan_of(tmp_path, net: str):
+    """`cometctl plan` of a net (text) at batches 4 and 8: its JSON document and its per-blob rows by blob."""
+    r = _cometctl("plan", "--solver", str(_solver_with_net(tmp_path, net)), "--cpu", "--measure", "4,8",
+                  "--iters", "2", "--json", str(tmp_path / "plan.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    return doc, {row["blob"]: row for row in doc["layers"]}
+
+
 @WF_NEEDS_BUILD
 def test_lrn_buffers_count_their_size(tmp_path):
     """LRN's buffers as large as its output: across channels its scale, held until its backward; within a channel
@@ -335,12 +344,7 @@ layer { name: "ip" type: "InnerProduct" bottom: "norm2" top: "ip"
   inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
 """
-    solver = _solver_with_net(tmp_path, net)
-    r = _cometctl("plan", "--solver", str(solver), "--cpu", "--measure", "4,8", "--iters", "2",
-                  "--json", str(tmp_path / "plan.json"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    doc = json.loads((tmp_path / "plan.json").read_text())
-    by_blob = {row["blob"]: row for row in doc["layers"]}
+    doc, by_blob = _plan_of(tmp_path, net)
     maps = 8 * 16 * 16 * 4 * doc["solver_batch"]  # bytes of one LRN output
     row = by_blob["norm1 scale"]
     assert row["action"] == "until-backward" and row["stored_bytes"] == row["dense_bytes"], row
@@ -366,12 +370,7 @@ layer { name: "ip" type: "InnerProduct" bottom: "swish1" top: "ip"
   inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
 """
-    solver = _solver_with_net(tmp_path, net)
-    r = _cometctl("plan", "--solver", str(solver), "--cpu", "--measure", "4,8", "--iters", "2",
-                  "--json", str(tmp_path / "plan.json"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    doc = json.loads((tmp_path / "plan.json").read_text())
-    by_blob = {row["blob"]: row for row in doc["layers"]}
+    doc, by_blob = _plan_of(tmp_path, net)
     maps = 8 * 16 * 16 * 4 * doc["solver_batch"]  # bytes of conv1's output
     for part in ("sigmoid_input", "sigmoid_output"):
         row = by_blob[f"swish1 {part}"]

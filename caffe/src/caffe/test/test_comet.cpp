@@ -1129,27 +1129,35 @@ TEST_F(CometPayloadTest, BatchNormInputGradientErrorMatchesTheDerivation) {
   EXPECT_LT(rms, 1.2 * predicted);
 }
 
-// The RMS error of a layer's input gradient (its backward from dy, against `exact`) when its
-// output `y` is read off by errors in [-eb, eb]: uniform ones (sz false) or sz's at that bound.
-double InputGradientErrorFromOutput(Layer<float>* layer, const std::vector<Blob<float>*>& bv,
-                                    const std::vector<Blob<float>*>& tv,
-                                    const std::vector<float>& y, const Blob<float>& dy,
-                                    const std::vector<float>& exact, float eb, bool sz) {
-  Blob<float>& top = *tv[0];
+// The RMS error of a layer's input gradient (its backward from dy, against `exact`) when the
+// blob `read` (its output, or its input for a layer that works from it) holds `values` off by
+// errors in [-eb, eb]: uniform ones (sz false) or sz's at that bound.
+double InputGradientErrorWhenReadOff(Layer<float>* layer, const std::vector<Blob<float>*>& bv,
+                                     const std::vector<Blob<float>*>& tv, Blob<float>* read,
+                                     const std::vector<float>& values, const Blob<float>& dy,
+                                     const std::vector<float>& exact, float eb, bool sz) {
   if (!sz) {
     uint32_t state = 5;
-    for (int i = 0; i < top.count(); ++i)
-      top.mutable_cpu_data()[i] = y[i] + eb * (2.f * NextUniform(&state) - 1.f);
+    for (int i = 0; i < read->count(); ++i)
+      read->mutable_cpu_data()[i] = values[i] + eb * (2.f * NextUniform(&state) - 1.f);
   } else {
-    shared_ptr<CometPayload> p = CometEncodeLossy(y.data(), top.shape(), false, eb, "y");
+    shared_ptr<CometPayload> p = CometEncodeLossy(values.data(), read->shape(), false, eb, "v");
     std::string error;
-    CHECK(CometDecode(*p, top.mutable_cpu_data(), &error)) << error;
+    CHECK(CometDecode(*p, read->mutable_cpu_data(), &error)) << error;
   }
+  Blob<float>& top = *tv[0];
   caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
   layer->Backward(tv, std::vector<bool>(1, true), bv);
   double err = 0;
   for (int i = 0; i < bv[0]->count(); ++i) err += std::pow(bv[0]->cpu_diff()[i] - exact[i], 2);
   return std::sqrt(err / bv[0]->count());
+}
+
+double InputGradientErrorFromOutput(Layer<float>* layer, const std::vector<Blob<float>*>& bv,
+                                    const std::vector<Blob<float>*>& tv,
+                                    const std::vector<float>& y, const Blob<float>& dy,
+                                    const std::vector<float>& exact, float eb, bool sz) {
+  return InputGradientErrorWhenReadOff(layer, bv, tv, tv[0], y, dy, exact, eb, sz);
 }
 
 // Sigmoid, TanH and ELU compute dx = dy f'(y) from their output y. An error e in y, uniform in
@@ -1302,20 +1310,8 @@ TEST_F(CometPayloadTest, SwishGradientErrorFromItsInputMatchesTheDerivation) {
     const double per_eb = std::sqrt(sum / (3. * bottom.count()));
     const float eb = 1e-2f;
     for (int way = 0; way < 2; ++way) {  // uniform errors, then sz's
-      if (way == 0) {
-        uint32_t state = 5;
-        for (int i = 0; i < bottom.count(); ++i)
-          bottom.mutable_cpu_data()[i] = x[i] + eb * (2.f * NextUniform(&state) - 1.f);
-      } else {
-        shared_ptr<CometPayload> p = CometEncodeLossy(x.data(), bottom.shape(), false, eb, "x");
-        std::string error;
-        ASSERT_TRUE(CometDecode(*p, bottom.mutable_cpu_data(), &error)) << error;
-      }
-      caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
-      layer.Backward(tv, down, bv);
-      double err = 0;
-      for (int i = 0; i < bottom.count(); ++i) err += std::pow(bottom.cpu_diff()[i] - exact[i], 2);
-      const double rms = std::sqrt(err / bottom.count());
+      const double rms =
+          InputGradientErrorWhenReadOff(&layer, bv, tv, &bottom, x, dy, exact, eb, way);
       if (way == 0) {
         EXPECT_GT(rms, 0.9 * eb * per_eb) << "beta " << beta;
       }
