@@ -644,7 +644,7 @@ def read_log(text: str) -> dict:
             elif "rebuilt" in what:
                 action = "rebuild"
             elif "not read" in what:
-                action = "release"  # LRN within a channel on the CPU: the store computes its backward without it
+                action = "release"  # LRN's internals, Swish's sigmoid buffers: their backward does without them
             elif re.match(r"freed after \S+ backward", what):
                 action = "until-backward"  # LRN's scale without recompute_lrn: dense until LRN's backward
             elif what.startswith("freed after"):

@@ -43,8 +43,9 @@ struct CometPlanEntry : public CometActions {
   // buffers after its forward.
   Action buffer;
   int part;  // which of the layer's buffers of that kind (RECOMPUTE within a channel: LRN's 0-2)
-  // RECOMPUTE: freed after the forward and not computed again, as the store computes the layer's
-  // backward without it (LRN within a channel, CometLayerFacts::lrn_from_input).
+  // RECOMPUTE: freed after the forward and not computed again, as the layer's backward is computed
+  // without it (LRN within a channel by the store, CometLayerFacts::lrn_from_input; Swish's sigmoid
+  // buffers, patch 0038).
   bool unread;
   bool signs;                  // LOSSY read by ReLU or PReLU too: a sign mask is stored alongside
   int last_forward;            // compress/release after this layer's forward

@@ -118,9 +118,9 @@ void ReadsTop(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
 // lossy under the derivative rule; its sigmoid's input and output (each as large as x) are not
 // read after the forward. In place upstream's backward reads y and the sigmoid's output.
 template <typename Dtype>
-void SwishRow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f) {
+void SwishRow(const Layer<Dtype>& l, const CometLayerShape& s, CometLayerFacts* f) {
   if (s.in_place) {
-    All(&f->top, COMET_READS_VALUE);
+    ReadsTop(l, s, f);
     return;
   }
   All(&f->bottom, COMET_READS_VALUE);
