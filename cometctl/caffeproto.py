@@ -115,6 +115,22 @@ def freeze_layers_before(layers, name: str) -> None:
             (layer.param[i] if i < len(layer.param) else layer.param.add()).lr_mult = 0
 
 
+def replace_relus(layers, neuron: str, out_of_place: bool = False) -> None:
+    """Every ReLU of `layers` (in the net's order) made a `neuron` layer (PReLU, Swish), in place. With
+    `out_of_place`, one that was in place writes a blob named after itself instead, and the layers after
+    it read that blob (a Swish's backward works from its input, which in place it overwrites)."""
+    renamed = {}  # a ReLU's in-place blob -> the output that replaces it for later readers
+    for layer in layers:
+        layer.bottom[:] = [renamed.get(b, b) for b in layer.bottom]
+        if layer.type != "ReLU":
+            continue
+        layer.type = neuron
+        layer.ClearField("relu_param")
+        if out_of_place and list(layer.top) == list(layer.bottom):
+            renamed[layer.top[0]] = layer.name
+            layer.top[:] = [layer.name]
+
+
 def meets_train_rule(rule, pb2, state=None) -> bool:
     """Caffe's StateMeetsRule for `state` (a NetState: net_state below), by default the TRAIN state
     {phase: TRAIN, level: 0, no stages}."""

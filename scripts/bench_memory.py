@@ -125,11 +125,7 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
     net = pb2.NetParameter()
     text_format.Merge(model_path.read_text(), net)
     layers = []
-    renamed = {}  # blob -> the out-of-place Swish output that replaces it for later readers
     for layer in net.layer:
-        for k, b in enumerate(layer.bottom):
-            if b in renamed:
-                layer.bottom[k] = renamed[b]
         if any(rule.phase == pb2.TEST for rule in layer.include) or layer.type == "Accuracy":
             continue
         if layer.type == "Data" and images is not None:
@@ -149,13 +145,9 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
             p.data_filler.add(type="gaussian", std=50)
             p.data_filler.add(type="uniform", min=0, max=119)
             layer = dummy
-        if neuron and layer.type == "ReLU":
-            layer.type = neuron
-            layer.ClearField("relu_param")
-            if neuron == "Swish" and list(layer.top) == list(layer.bottom):
-                renamed[layer.top[0]] = layer.name
-                layer.top[0] = layer.name
         layers.append(layer)
+    if neuron:  # Swish out of place: its backward works from its input
+        caffeproto.replace_relus(layers, neuron, out_of_place=neuron == "Swish")
     if frozen_before:
         try:
             caffeproto.freeze_layers_before(layers, frozen_before)

@@ -257,7 +257,7 @@ def dummy_layer(name: str, tops, net: ZooNet, pb2):
 
 def train_net(net: ZooNet, pb2):
     """The TRAIN net of `net`, its data layers replaced by DummyData: a NetParameter."""
-    from cometctl.caffeproto import read_text_proto
+    from cometctl.caffeproto import read_text_proto, replace_relus
 
     src = read_text_proto(source_path(net), pb2.NetParameter())
     out = pb2.NetParameter()
@@ -269,11 +269,9 @@ def train_net(net: ZooNet, pb2):
     if src.input:  # the legacy net-level inputs: one DummyData for all
         out.layer.append(dummy_layer("input", list(src.input), net, pb2))
     replaced = []
-    renamed = {}  # a ReLU's in-place blob -> the Swish output that replaces it for later readers
     for layer in src.layer:
         if not in_train(layer, pb2):
             continue
-        layer.bottom[:] = [renamed.get(b, b) for b in layer.bottom]
         if layer.type in DATA_TYPES:
             out.layer.append(dummy_layer(layer.name, list(layer.top), net, pb2))
             replaced.extend(layer.top)
@@ -282,15 +280,10 @@ def train_net(net: ZooNet, pb2):
         kept.CopyFrom(layer)
         kept.ClearField("include")
         kept.ClearField("exclude")
-        if net.prelu and kept.type == "ReLU":
-            kept.type = "PReLU"
-            kept.ClearField("relu_param")
-        if net.swish and kept.type == "ReLU":
-            kept.type = "Swish"
-            kept.ClearField("relu_param")
-            if list(kept.top) == list(kept.bottom):
-                renamed[kept.top[0]] = kept.name
-                kept.top[:] = [kept.name]
+    if net.prelu:
+        replace_relus(out.layer, "PReLU")
+    if net.swish:
+        replace_relus(out.layer, "Swish", out_of_place=True)
     missing = set(net.tops) - set(replaced) - set(src.input)
     if missing:
         raise ValueError(f"{net.name}: no data layer makes {', '.join(sorted(missing))}")
