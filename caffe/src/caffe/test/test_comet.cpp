@@ -1153,6 +1153,22 @@ double InputGradientErrorWhenReadOff(Layer<float>* layer, const std::vector<Blob
   return std::sqrt(err / bv[0]->count());
 }
 
+// Sets `layer` up on bv -> tv, runs its forward, draws an output gradient into `dy` (Gaussian, std
+// 1) and returns the input gradient its backward computes from it: the exact one, against which
+// InputGradientErrorWhenReadOff measures errors.
+std::vector<float> ExactInputGradient(Layer<float>* layer, const std::vector<Blob<float>*>& bv,
+                                      const std::vector<Blob<float>*>& tv, Blob<float>* dy) {
+  layer->SetUp(bv, tv);
+  layer->Forward(bv, tv);
+  FillerParameter fp;
+  fp.set_std(1.f);
+  dy->Reshape(tv[0]->shape());
+  GaussianFiller<float>(fp).Fill(dy);
+  caffe_copy(tv[0]->count(), dy->cpu_data(), tv[0]->mutable_cpu_diff());
+  layer->Backward(tv, std::vector<bool>(1, true), bv);
+  return std::vector<float>(bv[0]->cpu_diff(), bv[0]->cpu_diff() + bv[0]->count());
+}
+
 double InputGradientErrorFromOutput(Layer<float>* layer, const std::vector<Blob<float>*>& bv,
                                     const std::vector<Blob<float>*>& tv,
                                     const std::vector<float>& y, const Blob<float>& dy,
@@ -1176,17 +1192,8 @@ TEST_F(CometPayloadTest, SigmoidTanHAndELUGradientErrorMatchesTheDerivation) {
     if (kind == 0) layer.reset(new SigmoidLayer<float>(lp));
     if (kind == 1) layer.reset(new TanHLayer<float>(lp));
     if (kind == 2) layer.reset(new ELULayer<float>(lp));  // x's sign is read exactly
-    layer->SetUp(bv, tv);
-    layer->Forward(bv, tv);
-    FillerParameter fp;
-    fp.set_std(1.f);
-    GaussianFiller<float> filler(fp);
-    Blob<float> dy(top.shape());
-    filler.Fill(&dy);
-    const std::vector<bool> down(1, true);
-    caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
-    layer->Backward(tv, down, bv);
-    const std::vector<float> exact(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
+    Blob<float> dy;
+    const std::vector<float> exact = ExactInputGradient(layer.get(), bv, tv, &dy);
     const std::vector<float> y(top.cpu_data(), top.cpu_data() + top.count());
     double sum = 0;
     for (int i = 0; i < top.count(); ++i) {
@@ -1228,16 +1235,8 @@ TEST_F(CometPayloadTest, ExpAndSoftmaxGradientErrorMatchesTheDerivation) {
       lp.mutable_softmax_param()->set_axis(kind == 1 ? 1 : -1);
       layer.reset(new SoftmaxLayer<float>(lp));
     }
-    layer->SetUp(bv, tv);
-    layer->Forward(bv, tv);
-    FillerParameter fp;
-    fp.set_std(1.f);
-    Blob<float> dy(top.shape());
-    GaussianFiller<float>(fp).Fill(&dy);
-    const std::vector<bool> down(1, true);
-    caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
-    layer->Backward(tv, down, bv);
-    const std::vector<float> exact(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
+    Blob<float> dy;
+    const std::vector<float> exact = ExactInputGradient(layer.get(), bv, tv, &dy);
     const std::vector<float> y(top.cpu_data(), top.cpu_data() + top.count());
     const float* g = dy.cpu_data();
     double sum = 0;
@@ -1287,16 +1286,8 @@ TEST_F(CometPayloadTest, SwishGradientErrorFromItsInputMatchesTheDerivation) {
     LayerParameter lp;
     lp.mutable_swish_param()->set_beta(betas[k]);
     SwishLayer<float> layer(lp);
-    layer.SetUp(bv, tv);
-    layer.Forward(bv, tv);
-    FillerParameter fp;
-    fp.set_std(1.f);
-    Blob<float> dy(top.shape());
-    GaussianFiller<float>(fp).Fill(&dy);
-    const std::vector<bool> down(1, true);
-    caffe_copy(top.count(), dy.cpu_data(), top.mutable_cpu_diff());
-    layer.Backward(tv, down, bv);
-    const std::vector<float> exact(bottom.cpu_diff(), bottom.cpu_diff() + bottom.count());
+    Blob<float> dy;
+    const std::vector<float> exact = ExactInputGradient(&layer, bv, tv, &dy);
     // upstream's form, from the output and the sigmoid: beta y + s (1 - beta y)
     const float* g = dy.cpu_data();
     double sum = 0;
