@@ -11,6 +11,7 @@
 #include "caffe/layers/batch_norm_layer.hpp"
 #include "caffe/layers/dropout_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
+#include "caffe/layers/mvn_layer.hpp"
 #include "caffe/layers/pooling_layer.hpp"
 #include "caffe/layers/prelu_layer.hpp"
 #include "caffe/layers/scale_layer.hpp"
@@ -113,10 +114,12 @@ class CometLayerAccess {
     CHECK(bn) << "not a BatchNorm layer";
     return &bn->variance_;
   }
-  // BatchNorm's temp_ and in-place Scale's temp_ (the buffers the plan's REBUILD frees), else NULL.
+  // BatchNorm's temp_, in-place Scale's temp_ and MVN's temp_ (the buffers the plan's REBUILD
+  // frees; MVN's is not rebuilt: both its passes write all of it before reading it), else NULL.
   static Blob<Dtype>* rebuildable(Layer<Dtype>* layer) {
     if (BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer)) return &bn->temp_;
     if (ScaleLayer<Dtype>* s = dynamic_cast<ScaleLayer<Dtype>*>(layer)) return &s->temp_;
+    if (MVNLayer<Dtype>* m = dynamic_cast<MVNLayer<Dtype>*>(layer)) return &m->temp_;
     return NULL;
   }
   // BatchNorm's Forward leaves its per-channel standard deviation in variance_ and broadcasts it

@@ -35,9 +35,10 @@ struct CometLayerFacts {
   // their window mean, the scale s^-beta) are each as large as its input and are computed
   // again, as LRN_SCALE is, from the input by LRN's forward. SWISH_SIGMOID: Swish's sigmoid
   // input and output (each as large as its input), which its backward does not read when it is
-  // not in place (patch 0038).
+  // not in place (patch 0038). MVN_TEMP: MVN's temp_, as large as its input, which each of its
+  // passes writes whole (a product with a vector of ones, beta 0) before reading it: scratch.
   enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE, BN_TEMP, SCALE_COPY,
-                 PRELU_COPY, LRN_WITHIN, SWISH_SIGMOID };
+                 PRELU_COPY, LRN_WITHIN, SWISH_SIGMOID, MVN_TEMP };
   // Backward computes f'(x) from its output y: Sigmoid y (1 - y), TanH 1 - y^2, ELU alpha + y
   // where x <= 0 (1 elsewhere, from x's sign). An error e in y moves it by about e (1 - 2y),
   // -2 y e or e, which the derivative rule of docs/comet.md bounds.

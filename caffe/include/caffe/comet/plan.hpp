@@ -45,7 +45,8 @@ struct CometPlanEntry : public CometActions {
   int part;  // which of the layer's buffers of that kind (RECOMPUTE within a channel: LRN's 0-2)
   // RECOMPUTE: freed after the forward and not computed again, as the layer's backward is computed
   // without it (LRN within a channel by the store, CometLayerFacts::lrn_from_input; Swish's sigmoid
-  // buffers, patch 0038).
+  // buffers, patch 0038). REBUILD: freed after the forward and not rebuilt, as the layer's backward
+  // writes it whole before reading it (MVN's temp_): only that write may touch it in between.
   bool unread;
   bool signs;                  // LOSSY read by ReLU or PReLU too: a sign mask is stored alongside
   int last_forward;            // compress/release after this layer's forward

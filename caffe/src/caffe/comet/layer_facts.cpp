@@ -171,10 +171,12 @@ void ReadsBoth(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) 
 }
 
 // MVN: dx from dy alone for mean subtraction; with normalize_variance from the output too, and
-// from its per-group standard deviation (patch 0037: upstream fetched the input for nothing).
+// from its per-group standard deviation (patch 0037: upstream fetched the input for nothing),
+// which it broadcasts into temp_, scratch between the passes.
 template <typename Dtype>
 void MVNRow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
   if (l.layer_param().mvn_param().normalize_variance()) All(&f->top, COMET_READS_VALUE);
+  f->private_buffer = CometLayerFacts::MVN_TEMP;
 }
 
 // Convolution, InnerProduct, Deconvolution: dW = sum x (x) dy reads x (Deconvolution: x against

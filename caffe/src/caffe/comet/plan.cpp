@@ -300,7 +300,8 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
       case CometLayerFacts::LRN_SCALE: e.action = CometActions::RECOMPUTE; e.blob = e.name + " scale"; break;
       case CometLayerFacts::LRN_WITHIN:  // named below
       case CometLayerFacts::SWISH_SIGMOID: e.action = CometActions::RECOMPUTE; break;
-      case CometLayerFacts::BN_TEMP: e.action = CometActions::REBUILD; e.blob = e.name + " temp"; break;
+      case CometLayerFacts::BN_TEMP:
+      case CometLayerFacts::MVN_TEMP: e.action = CometActions::REBUILD; e.blob = e.name + " temp"; break;
       case CometLayerFacts::SCALE_COPY: {
         // In place, Scale copies its input: when BatchNorm wrote it (no layer in between), the
         // copy is bit for bit BatchNorm's x_norm_, which lives until BatchNorm's backward.
@@ -344,7 +345,8 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
       if (lrn_within) e.blob = e.name + within[part];
       if (sigmoids) e.blob = e.name + swish[part];
       e.part = part;
-      e.unread = (lrn_within && plan.facts[i].lrn_from_input) || sigmoids;
+      e.unread = (lrn_within && plan.facts[i].lrn_from_input) || sigmoids ||
+                 plan.facts[i].private_buffer == CometLayerFacts::MVN_TEMP;
       plan.private_of_layer[i].push_back(plan.entries.size());
       plan.after_forward[i].push_back(plan.entries.size());
       if (runs_backward) plan.after_backward[i].push_back(plan.entries.size());
@@ -520,6 +522,9 @@ std::string DescribeCometPlan(const CometPlan& plan, const Net<Dtype>& net,
     os << "COMET plan: blob " << en.blob << " -> ";
     if (en.action == CometActions::KEEP) {
       os << "kept dense (" << en.name << " backward reads it)";
+    } else if (en.action == CometActions::REBUILD && en.unread) {
+      os << "freed after " << en.name << " forward, not read: " << en.name
+         << "'s backward writes it anew";
     } else if (en.action == CometActions::REBUILD) {
       os << "freed after " << en.name << " forward, rebuilt before its backward";
       if (en.source >= 0) os << " from " << net.layer_names()[en.source] << "'s output";

@@ -145,6 +145,9 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
       } else if (e.action == CometActions::KEEP) {
         snprintf(line, sizeof(line), "COMET %s: %s kept dense, %s", e.name.c_str(),
                  e.blob.substr(e.name.size() + 1).c_str(), FormatBytes(e.last_dense).c_str());
+      } else if (e.action == CometActions::REBUILD && e.unread) {
+        snprintf(line, sizeof(line), "COMET %s: temp freed after the forward, %s (written anew "
+                 "by the backward)", e.name.c_str(), FormatBytes(e.last_dense).c_str());
       } else if (e.action == CometActions::REBUILD) {
         snprintf(line, sizeof(line), "COMET %s: %s rebuilt, freed %s, %.1f ms", e.name.c_str(),
                  e.source >= 0 ? "input copy" : "temp", FormatBytes(e.last_dense).c_str(),

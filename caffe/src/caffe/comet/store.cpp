@@ -604,6 +604,7 @@ template <typename Dtype>
 void CometStore<Dtype>::RebuildAhead(int x) {
   Entry& e = entries_[x];
   SyncedMemory* mem = PrivateBuffer(e);
+  if (e.unread) return;  // written anew by its backward (MVN's temp_)
   if (mem->head() != SyncedMemory::UNINITIALIZED || mem->comet_payload() || !mem->size()) return;
   // Within the cap and, unlike a decode, also in memory the backward pass has freed again: a
   // buffer made early lives beside those the layers before it free first, and the cap alone let
@@ -813,6 +814,7 @@ void CometStore<Dtype>::BeforeForward(int layer) {
     SyncedMemory* mem = PrivateBuffer(e);
     if (mem->comet_payload()) mem->comet_payload().reset();
     e.stored.reset();
+    if (e.buffer == REBUILD && e.unread) CometMarkFill(mem);  // MVN's forward writes temp_ whole first
   }
   // Diffs freed after the last step's backward hold nothing a forward may read; a forward that
   // writes one (HingeLoss writes its bottom's diff) starts from fresh memory.
@@ -1170,6 +1172,10 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
   for (int k = 0; k < own.size(); ++k) {
     Entry& e = entries_[own[k]];
     if (e.action != REBUILD || PrivateBuffer(e)->head() != SyncedMemory::UNINITIALIZED) continue;
+    if (e.unread) {  // MVN's temp_: the backward writes it whole first, into fresh memory
+      CometMarkFill(PrivateBuffer(e));
+      continue;
+    }
     const Clock::time_point start = Clock::now();
     Layer<Dtype>* l = net_->layers()[layer].get();
     if (e.source >= 0) CometLayerAccess<Dtype>::RebuildScaleCopy(l, net_->layers()[e.source].get());

@@ -2266,6 +2266,8 @@ class CometStoreTest : public ::testing::Test {
   void CheckSwish();
   // Frozen weights between learning layers: their inputs are not stored (defined below).
   void CheckFrozenMiddleLayers();
+  // MVN's temp_ freed between its passes, not rebuilt (defined below).
+  void CheckMVNTemp();
 
   // conv, ReLU, max pooling with overlapping windows, LRN across channels, Dropout: a net with
   // every kind of layer-private buffer the store keeps (Caffe's engines, named).
@@ -4109,6 +4111,73 @@ void CometStoreTest::CheckSwish() {
 
 TEST_F(CometStoreTest, SwishStoresItsInputAndFreesItsSigmoidBuffers) { CheckSwish(); }
 
+// MVN keeps temp_, as large as its input, between its forward and its backward, but each pass
+// writes all of it before reading it: the store frees it after the forward (a read in between is
+// refused) and hands the backward fresh memory, unzeroed. Gradients are COMET off's bit for bit,
+// with the variance normalized and without, per channel and across, and for a second Backward().
+void CometStoreTest::CheckMVNTemp() {
+  const std::string net =
+      "name: 'mvn' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
+      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'mvn1' type: 'MVN' bottom: 'conv1' top: 'mvn1' } "
+      "layer { name: 'conv2' type: 'Convolution' bottom: 'mvn1' top: 'conv2' convolution_param { "
+      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'mvn2' type: 'MVN' bottom: 'conv2' top: 'mvn2' mvn_param { "
+      "normalize_variance: false across_channels: true } } "
+      "layer { name: 'pool' type: 'Pooling' bottom: 'mvn2' top: 'pool' pooling_param { pool: AVE "
+      "kernel_size: 4 stride: 4 } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
+      "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01");
+  shared_ptr<Solver<float> > exact = SolverFor(net, "comet { compress_type: 'None' }", "0.01");
+  Run(off.get(), 3);
+  Run(exact.get(), 3);
+  const std::vector<float> a = Params(off.get()), b = Params(exact.get());
+  ASSERT_EQ(a.size(), b.size());
+  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param " << i;
+  int temps = 0;
+  for (int e = 0; e < exact->comet()->entries().size(); ++e) {
+    const CometStore<float>::Entry& en = exact->comet()->entries()[e];
+    if (en.layer < 0 || en.blob.find(" temp") == std::string::npos) continue;
+    EXPECT_EQ(en.action, CometStore<float>::REBUILD) << en.blob;
+    EXPECT_TRUE(en.unread) << en.blob;
+    EXPECT_EQ(en.last_dense, 8 * 16 * 16 * 16 * sizeof(float)) << en.blob << ": counted as freed";
+    ++temps;
+  }
+  EXPECT_EQ(temps, 2) << "mvn1 temp and mvn2 temp";
+  caffe::Net<float>* n = exact->net().get();
+  n->ClearParamDiffs();
+  Caffe::set_random_seed(77);  // the same data as off's below
+  n->Forward();
+  for (int l = 1; l <= 2; ++l) {
+    Layer<float>* mvn = n->layer_by_name(l == 1 ? "mvn1" : "mvn2").get();
+    EXPECT_EQ(CometLayerAccess<float>::rebuildable(mvn)->data()->head(),
+              SyncedMemory::UNINITIALIZED) << "mvn" << l;
+  }
+  const std::string what = FatalMessageOf([&]() {
+    CometLayerAccess<float>::rebuildable(n->layer_by_name("mvn2").get())->cpu_data();
+  });
+  EXPECT_NE(what.find("buffer 'mvn2 temp' was freed"), std::string::npos) << what;
+  n->Backward();
+  const Blob<float>* w1 = n->layer_by_name("conv1")->blobs()[0].get();
+  const std::vector<float> first(w1->cpu_diff(), w1->cpu_diff() + w1->count());
+  n->ClearParamDiffs();
+  n->Backward();  // a second backward after one forward (pycaffe): temp_ handed out again
+  for (int i = 0; i < w1->count(); ++i) ASSERT_EQ(first[i], w1->cpu_diff()[i]) << i;
+  off->net()->ClearParamDiffs();
+  Caffe::set_random_seed(77);
+  off->net()->Forward();
+  off->net()->Backward();
+  const Blob<float>* o1 = off->net()->layer_by_name("conv1")->blobs()[0].get();
+  for (int i = 0; i < w1->count(); ++i) ASSERT_EQ(o1->cpu_diff()[i], first[i]) << i;
+}
+
+TEST_F(CometStoreTest, MVNFreesItsTempBetweenThePasses) { CheckMVNTemp(); }
+
 // A convolution with frozen weights between learning layers, and a fixed bilinear upsampling
 // Deconvolution (FCN's, lr_mult 0): their backward computes the input's gradient only, from the
 // weights and the output's gradient (patch 0036), so their inputs are kept as ReLU's sign masks
@@ -4456,6 +4525,7 @@ TEST_F(CometGPUTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) {
   CheckLrnWithinChannel();
 }
 TEST_F(CometGPUTest, SwishStoresItsInputAndFreesItsSigmoidBuffers) { CheckSwish(); }
+TEST_F(CometGPUTest, MVNFreesItsTempBetweenThePasses) { CheckMVNTemp(); }
 TEST_F(CometGPUTest, AFrozenLayerBetweenLearningOnesDoesNotKeepItsInput) {
   CheckFrozenMiddleLayers();
 }

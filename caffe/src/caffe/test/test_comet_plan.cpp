@@ -385,7 +385,8 @@ TEST_F(CometPlanTest, DiffsNobodyWritesAreNotFreed) {
 // MVN's backward reads no input (patch 0037) and its output only to undo the variance's
 // normalization: the input is freed after the forward; the output, read by conv2 for its
 // weights' gradient, is kept for MVN (values, no lossy rule) or, for mean subtraction alone,
-// stored lossy for conv2 alone.
+// stored lossy for conv2 alone. Its temp_, which each pass writes whole before reading, is freed
+// after the forward and not rebuilt.
 TEST_F(CometPlanTest, MVNKeepsNoInputAndItsOutputOnlyToNormalizeTheVariance) {
   const std::string tail =
       Conv("conv2", "mvn", 4) +
@@ -398,6 +399,15 @@ TEST_F(CometPlanTest, MVNKeepsNoInputAndItsOutputOnlyToNormalizeTheVariance) {
           "normalize_variance: " + (normalize ? "true" : "false") + " } } " + tail);
     EXPECT_EQ(ActionOf("conv1"), CometActions::RELEASE) << "normalize_variance " << normalize;
     EXPECT_EQ(ActionOf("mvn"), normalize ? CometActions::KEEP : CometActions::LOSSY);
+    const CometPlanEntry* temp = NULL;
+    for (int e = 0; e < plan_.entries.size(); ++e)
+      if (plan_.entries[e].blob == "mvn temp") temp = &plan_.entries[e];
+    ASSERT_TRUE(temp != NULL) << "normalize_variance " << normalize;
+    EXPECT_EQ(temp->action, CometActions::REBUILD);
+    EXPECT_TRUE(temp->unread);
+    EXPECT_NE(DescribeCometPlan(plan_, *net_, param_).find(
+                  "blob mvn temp -> freed after mvn forward, not read: mvn's backward writes it anew"),
+              std::string::npos);
   }
 }
 
