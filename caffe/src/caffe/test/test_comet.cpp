@@ -2223,6 +2223,45 @@ class CometStoreTest : public ::testing::Test {
     s->Step(n);
   }
 
+  // The small net of the activation tests: DummyData (8 x 3 x 16 x 16, every label 1), conv1 (16
+  // outputs, 3x3), `first` (a layer reading conv1 and writing x), conv2 (reading x), `second` (a
+  // layer reading conv2 and writing y), 4x4 average pooling of y into 'pool', `after_pool`,
+  // InnerProduct to 4 and SoftmaxWithLoss.
+  static std::string ActivationNet(const std::string& name, const std::string& first,
+                                   const std::string& x, const std::string& second,
+                                   const std::string& y, const std::string& after_pool = "") {
+    return
+        "name: '" + name + "' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+        "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
+        "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
+        "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+        "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } " +
+        first +
+        "layer { name: 'conv2' type: 'Convolution' bottom: '" + x + "' top: 'conv2' "
+        "convolution_param { num_output: 16 kernel_size: 3 pad: 1 "
+        "weight_filler { type: 'gaussian' std: 0.3 } } } " +
+        second +
+        "layer { name: 'pool' type: 'Pooling' bottom: '" + y + "' top: 'pool' pooling_param { "
+        "pool: AVE kernel_size: 4 stride: 4 } } " +
+        after_pool +
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
+        "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  }
+
+  // `net` trained 3 steps with COMET off (*off) and with the store lossless (*exact, compress_type
+  // 'None'): every weight the same, bit for bit.
+  void TrainLosslessAndOff(const std::string& net, shared_ptr<Solver<float> >* exact,
+                           shared_ptr<Solver<float> >* off) {
+    *off = SolverFor(net, "", "0.01");
+    *exact = SolverFor(net, "comet { compress_type: 'None' }", "0.01");
+    Run(off->get(), 3);
+    Run(exact->get(), 3);
+    const std::vector<float> a = Params(off->get()), b = Params(exact->get());
+    ASSERT_EQ(a.size(), b.size());
+    for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param " << i;
+  }
+
   // One more step's gradients of `on` and `off` from on's weights and the same batch.
   static void StepBothFromTheSameWeights(Solver<float>* on, Solver<float>* off) {
     const std::vector<Blob<float>*>& pa = on->net()->learnable_params();
@@ -3726,22 +3765,10 @@ TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
 // (ELU's with its sign mask), whose bounds move with adaptive_target as the weight rule's do;
 // training stays close to COMET off.
 void CometStoreTest::CheckOutputDerivatives() {
-  const std::string net =
-      "name: 'sig' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
-      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
-      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
-      "layer { name: 'sig1' type: 'Sigmoid' bottom: 'conv1' top: 'sig1' } "
-      "layer { name: 'conv2' type: 'Convolution' bottom: 'sig1' top: 'conv2' convolution_param { "
-      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
-      "layer { name: 'tanh2' type: 'TanH' bottom: 'conv2' top: 'conv2' } "
-      "layer { name: 'pool' type: 'Pooling' bottom: 'conv2' top: 'pool' pooling_param { pool: AVE "
-      "kernel_size: 4 stride: 4 } } "
-      "layer { name: 'elu3' type: 'ELU' bottom: 'pool' top: 'pool' } "
-      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
-      "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const std::string net = ActivationNet(
+      "sig", "layer { name: 'sig1' type: 'Sigmoid' bottom: 'conv1' top: 'sig1' } ", "sig1",
+      "layer { name: 'tanh2' type: 'TanH' bottom: 'conv2' top: 'conv2' } ", "conv2",
+      "layer { name: 'elu3' type: 'ELU' bottom: 'pool' top: 'pool' } ");
   const char* layers[] = {"sig1", "tanh2", "elu3"};
   // sig1 and conv2's blob (64 KB each) dense through the step, or compressed
   CheckDerivativeRule(net, std::vector<std::string>(layers, layers + 3), 64 * 1024);
@@ -3791,21 +3818,10 @@ void CometStoreTest::CheckDerivativeRule(const std::string& net,
 // attention map over channels): their outputs, read by their own backward, are stored lossy
 // under the derivative rule, as Sigmoid's are. They used to be kept dense.
 void CometStoreTest::CheckExpAndSoftmax() {
-  const std::string net =
-      "name: 'expsoft' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
-      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
-      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
-      "layer { name: 'exp1' type: 'Exp' bottom: 'conv1' top: 'exp1' exp_param { scale: 0.5 } } "
-      "layer { name: 'conv2' type: 'Convolution' bottom: 'exp1' top: 'conv2' convolution_param { "
-      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
-      "layer { name: 'soft2' type: 'Softmax' bottom: 'conv2' top: 'soft2' } "
-      "layer { name: 'pool' type: 'Pooling' bottom: 'soft2' top: 'pool' pooling_param { pool: AVE "
-      "kernel_size: 4 stride: 4 } } "
-      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
-      "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const std::string net = ActivationNet(
+      "expsoft",
+      "layer { name: 'exp1' type: 'Exp' bottom: 'conv1' top: 'exp1' exp_param { scale: 0.5 } } ",
+      "exp1", "layer { name: 'soft2' type: 'Softmax' bottom: 'conv2' top: 'soft2' } ", "soft2");
   const char* layers[] = {"exp1", "soft2"};
   // exp1 and soft2 (128 KB each) dense through the step, or compressed
   CheckDerivativeRule(net, std::vector<std::string>(layers, layers + 2), 128 * 1024);
@@ -4049,30 +4065,13 @@ TEST_F(CometStoreTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals)
 // the forward. Before, the output and both sigmoid buffers stayed dense through the step. In place
 // it keeps upstream's backward (the output and the sigmoid's output).
 void CometStoreTest::CheckSwish() {
-  const std::string net =
-      "name: 'swish' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
-      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
-      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
-      "layer { name: 'swish1' type: 'Swish' bottom: 'conv1' top: 'swish1' } "
-      "layer { name: 'conv2' type: 'Convolution' bottom: 'swish1' top: 'conv2' convolution_param { "
-      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
-      "layer { name: 'swish2' type: 'Swish' bottom: 'conv2' top: 'swish2' swish_param { beta: 1.5 } } "
-      "layer { name: 'pool' type: 'Pooling' bottom: 'swish2' top: 'pool' pooling_param { pool: AVE "
-      "kernel_size: 4 stride: 4 } } "
-      "layer { name: 'swish3' type: 'Swish' bottom: 'pool' top: 'pool' } "
-      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
-      "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  const std::string net = ActivationNet(
+      "swish", "layer { name: 'swish1' type: 'Swish' bottom: 'conv1' top: 'swish1' } ", "swish1",
+      "layer { name: 'swish2' type: 'Swish' bottom: 'conv2' top: 'swish2' swish_param { beta: 1.5 } } ",
+      "swish2", "layer { name: 'swish3' type: 'Swish' bottom: 'pool' top: 'pool' } ");
   // Lossless: COMET off's weights bit for bit, the sigmoid buffers empty between the passes.
-  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01");
-  shared_ptr<Solver<float> > exact = SolverFor(net, "comet { compress_type: 'None' }", "0.01");
-  Run(off.get(), 3);
-  Run(exact.get(), 3);
-  const std::vector<float> a = Params(off.get()), b = Params(exact.get());
-  ASSERT_EQ(a.size(), b.size());
-  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param " << i;
+  shared_ptr<Solver<float> > off, exact;
+  ASSERT_NO_FATAL_FAILURE(TrainLosslessAndOff(net, &exact, &off));
   int freed = 0;
   for (int e = 0; e < exact->comet()->entries().size(); ++e) {
     const CometStore<float>::Entry& en = exact->comet()->entries()[e];
@@ -4116,29 +4115,12 @@ TEST_F(CometStoreTest, SwishStoresItsInputAndFreesItsSigmoidBuffers) { CheckSwis
 // refused) and hands the backward fresh memory, unzeroed. Gradients are COMET off's bit for bit,
 // with the variance normalized and without, per channel and across, and for a second Backward().
 void CometStoreTest::CheckMVNTemp() {
-  const std::string net =
-      "name: 'mvn' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
-      "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'constant' value: 1 } } } "
-      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
-      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
-      "layer { name: 'mvn1' type: 'MVN' bottom: 'conv1' top: 'mvn1' } "
-      "layer { name: 'conv2' type: 'Convolution' bottom: 'mvn1' top: 'conv2' convolution_param { "
-      "num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
+  const std::string net = ActivationNet(
+      "mvn", "layer { name: 'mvn1' type: 'MVN' bottom: 'conv1' top: 'mvn1' } ", "mvn1",
       "layer { name: 'mvn2' type: 'MVN' bottom: 'conv2' top: 'mvn2' mvn_param { "
-      "normalize_variance: false across_channels: true } } "
-      "layer { name: 'pool' type: 'Pooling' bottom: 'mvn2' top: 'pool' pooling_param { pool: AVE "
-      "kernel_size: 4 stride: 4 } } "
-      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool' top: 'ip' inner_product_param { "
-      "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
-      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
-  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01");
-  shared_ptr<Solver<float> > exact = SolverFor(net, "comet { compress_type: 'None' }", "0.01");
-  Run(off.get(), 3);
-  Run(exact.get(), 3);
-  const std::vector<float> a = Params(off.get()), b = Params(exact.get());
-  ASSERT_EQ(a.size(), b.size());
-  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param " << i;
+      "normalize_variance: false across_channels: true } } ", "mvn2");
+  shared_ptr<Solver<float> > off, exact;
+  ASSERT_NO_FATAL_FAILURE(TrainLosslessAndOff(net, &exact, &off));
   int temps = 0;
   for (int e = 0; e < exact->comet()->entries().size(); ++e) {
     const CometStore<float>::Entry& en = exact->comet()->entries()[e];
