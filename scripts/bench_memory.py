@@ -12,6 +12,8 @@ then with one:
       32x32 crops,
   cifar10_swish: the same with its ReLUs made Swish (not in place, as EfficientNet's), on random
       32x32 crops,
+  cifar10_swish_in_place: the same with its ReLUs made Swish in place (as a Caffe user swapping
+      the ReLU's type would), on random 32x32 crops,
   cifar10_full: upstream's CIFAR-10 full net (LRN within channels, average pooling), on random
       32x32 crops.
 Its input is either
@@ -26,7 +28,7 @@ storage (COMET runs), seconds per iteration after warm-up (wall clock, median), 
 (user + system) of the whole run, which another tenant's load on a shared machine disturbs less.
 
     scripts/bench_memory [--model caffenet|resnet|googlenet|cifar10_sigmoid|cifar10_prelu|cifar10_swish|
-                                  cifar10_full]
+                                  cifar10_swish_in_place|cifar10_full]
                          [--batches 64 256]
                          [--iters 3]
                          [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
@@ -103,12 +105,16 @@ MODELS = {
                       "examples/cifar10/cifar10_quick_train_test.prototxt"),
     "cifar10_swish": ("CIFAR-10 quick (ReLUs as Swish)", "upstream",
                       "examples/cifar10/cifar10_quick_train_test.prototxt"),
+    "cifar10_swish_in_place": ("CIFAR-10 quick (ReLUs as Swish, in place)", "upstream",
+                               "examples/cifar10/cifar10_quick_train_test.prototxt"),
     "cifar10_full": ("CIFAR-10 full (LRN within channels)", "upstream",
                      "examples/cifar10/cifar10_full_train_test.prototxt"),
 }
-CROP = {"cifar10_sigmoid": 32, "cifar10_prelu": 32, "cifar10_swish": 32,
+CROP = {"cifar10_sigmoid": 32, "cifar10_prelu": 32, "cifar10_swish": 32, "cifar10_swish_in_place": 32,
         "cifar10_full": 32}  # nets without a crop of their own, for 32x32
-NEURON = {"cifar10_prelu": "PReLU", "cifar10_swish": "Swish"}  # nets whose ReLUs become another neuron
+# nets whose ReLUs become another neuron (in place, as the ReLUs were, unless OUT_OF_PLACE)
+NEURON = {"cifar10_prelu": "PReLU", "cifar10_swish": "Swish", "cifar10_swish_in_place": "Swish"}
+OUT_OF_PLACE = {"cifar10_swish"}
 
 
 def model_file(model: str, variant: str | None) -> Path:
@@ -121,7 +127,7 @@ def model_file(model: str, variant: str | None) -> Path:
 
 def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path,
              frozen_before: str | None = None, bn_global_stats: bool = False,
-             crop: int | None = None, neuron: str | None = None) -> str:
+             crop: int | None = None, neuron: str | None = None, out_of_place: bool = False) -> str:
     net = pb2.NetParameter()
     text_format.Merge(model_path.read_text(), net)
     layers = []
@@ -146,8 +152,8 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
             p.data_filler.add(type="uniform", min=0, max=119)
             layer = dummy
         layers.append(layer)
-    if neuron:  # Swish out of place: its backward works from its input
-        caffeproto.replace_relus(layers, neuron, out_of_place=neuron == "Swish")
+    if neuron:
+        caffeproto.replace_relus(layers, neuron, out_of_place=out_of_place)
     if frozen_before:
         try:
             caffeproto.freeze_layers_before(layers, frozen_before)
@@ -256,14 +262,16 @@ def main() -> int:
         weights = None
         if args.bn_global_stats:  # statistics as a fine-tuned net starts from: a few real batches' averages
             stats = make_net(pb2, text_format, args.batches[0], images, model_path, args.freeze_before,
-                             crop=CROP.get(args.model), neuron=NEURON.get(args.model))
+                             crop=CROP.get(args.model), neuron=NEURON.get(args.model),
+                             out_of_place=args.model in OUT_OF_PLACE)
             run(caffe, work, "statistics", stats, None, 3, args.gpu, snapshot=True)
             weights = work / "statistics_iter_3.caffemodel"
             print(f"BatchNorm statistics of 3 training iterations at batch {args.batches[0]}: {weights.name}",
                   flush=True)
         for batch in args.batches:
             net = make_net(pb2, text_format, batch, images, model_path, args.freeze_before, args.bn_global_stats,
-                           crop=CROP.get(args.model), neuron=NEURON.get(args.model))
+                           crop=CROP.get(args.model), neuron=NEURON.get(args.model),
+                           out_of_place=args.model in OUT_OF_PLACE)
             modes = ["off"] + list(blocks)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike

@@ -358,7 +358,8 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 @WF_NEEDS_BUILD
 def test_swishs_sigmoid_buffers_count_their_size(tmp_path):
     """Swish not in place computes its backward from its input (patch 0038): its sigmoid's input and output, each as
-    large as its output, are freed after the forward, and the table gives them their size."""
+    large as its output, are freed after the forward, and the table gives them their size. In place it works from
+    its sigmoid's input, stored lossy, and frees its sigmoid's output."""
     net = """name: "swish"
 layer { name: "data" type: "DummyData" top: "data" top: "label"
   dummy_data_param { shape { dim: 10 dim: 3 dim: 16 dim: 16 } shape { dim: 10 }
@@ -366,6 +367,7 @@ layer { name: "data" type: "DummyData" top: "data" top: "label"
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
   convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "swish1" type: "Swish" bottom: "conv1" top: "swish1" }
+layer { name: "swish2" type: "Swish" bottom: "swish1" top: "swish1" }
 layer { name: "ip" type: "InnerProduct" bottom: "swish1" top: "ip"
   inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
@@ -377,6 +379,11 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
         assert row["action"] == "release" and row["stored_bytes"] == 0, row
         assert math.isclose(row["dense_bytes"], maps, rel_tol=1e-6), row
     assert by_blob["conv1"]["action"] == "lossy" and by_blob["conv1"]["error_bound"] > 0  # Swish reads it
+    row = by_blob["swish2 sigmoid_output"]
+    assert row["action"] == "release" and row["stored_bytes"] == 0, row
+    row = by_blob["swish2 sigmoid_input"]
+    assert row["action"] == "lossy" and row["error_bound"] > 0 and 0 < row["stored_bytes"] < row["dense_bytes"], row
+    assert math.isclose(row["dense_bytes"], maps, rel_tol=1e-6), row
 
 
 def test_the_solvers_train_state_chooses_the_layers(wf_pb2):

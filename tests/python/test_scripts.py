@@ -204,24 +204,27 @@ def test_bench_freeze_before_and_bn_global_stats_change_what_they_say():
 
 @pytest.mark.skipif(not WF_BUILT, reason="the Caffe build is absent: run `cometctl build` first")
 def test_bench_neuron_models_replace_the_quick_nets_relus():
-    """cifar10_prelu makes CIFAR-10 quick's in-place ReLUs PReLUs in place; cifar10_swish makes them Swish out of
-    place (their backward works from the input only then), and the layers after each read its output."""
+    """cifar10_prelu makes CIFAR-10 quick's in-place ReLUs PReLUs in place and cifar10_swish_in_place Swish in
+    place; cifar10_swish makes them Swish out of place, and the layers after each read its output."""
     from google.protobuf import text_format
 
     from cometctl.caffeproto import caffe_pb2
 
     pb2 = caffe_pb2()
     nets = {}
-    for model in ("cifar10_prelu", "cifar10_swish"):
+    for model in ("cifar10_prelu", "cifar10_swish", "cifar10_swish_in_place"):
         net = pb2.NetParameter()
         text_format.Merge(bench_memory.make_net(pb2, text_format, 2, None, bench_memory.model_file(model, "cpu"),
-                                                crop=32, neuron=bench_memory.NEURON[model]), net)
+                                                crop=32, neuron=bench_memory.NEURON[model],
+                                                out_of_place=model in bench_memory.OUT_OF_PLACE), net)
         nets[model] = {layer.name: layer for layer in net.layer}
     relus = [n for n, layer in nets["cifar10_prelu"].items() if layer.type == "PReLU"]
     assert relus == ["relu1", "relu2", "relu3"]
     for name in relus:
         prelu, swish = nets["cifar10_prelu"][name], nets["cifar10_swish"][name]
+        in_place = nets["cifar10_swish_in_place"][name]
         assert list(prelu.top) == list(prelu.bottom)  # in place, as the ReLU was
+        assert in_place.type == "Swish" and list(in_place.top) == list(in_place.bottom) == list(prelu.bottom)
         assert swish.type == "Swish" and list(swish.top) == [name] and list(swish.bottom) == list(prelu.bottom)
         readers = [layer for layer in nets["cifar10_swish"].values() if name in layer.bottom]
         assert readers and all(prelu.bottom[0] not in layer.bottom for layer in readers)

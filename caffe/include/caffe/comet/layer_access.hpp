@@ -102,11 +102,12 @@ class CometLayerAccess {
     PReLULayer<Dtype>* p = dynamic_cast<PReLULayer<Dtype>*>(layer);
     return p ? &p->bottom_memory_ : NULL;
   }
-  // The private buffer a layer's LOSSY (or KEEP) entry stores: BatchNorm's x_norm_ or in-place
-  // PReLU's copy.
+  // The private buffer a layer's LOSSY (or KEEP) entry stores: BatchNorm's x_norm_, in-place
+  // PReLU's copy or in-place Swish's sigmoid input.
   static Blob<Dtype>* lossy_buffer(Layer<Dtype>* layer) {
     Blob<Dtype>* b = bn_x_norm(layer);
-    return b ? b : prelu_copy(layer);
+    if (!b) b = prelu_copy(layer);
+    return b ? b : swish_sigmoid(layer, 0);
   }
   // After BatchNorm's forward: its per-channel standard deviation (variance_ holds it).
   static const Blob<Dtype>* bn_std(Layer<Dtype>* layer) {

@@ -35,10 +35,11 @@ struct CometLayerFacts {
   // their window mean, the scale s^-beta) are each as large as its input and are computed
   // again, as LRN_SCALE is, from the input by LRN's forward. SWISH_SIGMOID: Swish's sigmoid
   // input and output (each as large as its input), which its backward does not read when it is
-  // not in place (patch 0038). MVN_TEMP: MVN's temp_, as large as its input, which each of its
+  // not in place (patch 0038). SWISH_IN_PLACE: in place, its backward reads the sigmoid's input
+  // (beta x, patch 0038), lossy under the derivative rule, and not its output. MVN_TEMP: MVN's temp_, as large as its input, which each of its
   // passes writes whole (a product with a vector of ones, beta 0) before reading it: scratch.
   enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE, BN_TEMP, SCALE_COPY,
-                 PRELU_COPY, LRN_WITHIN, SWISH_SIGMOID, MVN_TEMP };
+                 PRELU_COPY, LRN_WITHIN, SWISH_SIGMOID, SWISH_IN_PLACE, MVN_TEMP };
   // Backward computes f'(x) from its output y: Sigmoid y (1 - y), TanH 1 - y^2, ELU alpha + y
   // where x <= 0 (1 elsewhere, from x's sign). An error e in y moves it by about e (1 - 2y),
   // -2 y e or e, which the derivative rule of docs/comet.md bounds.
@@ -46,8 +47,10 @@ struct CometLayerFacts {
   // dx = y (dy - sum(dy y)) along its axis, moved by e (dy - sum(dy y)) - y sum(dy e).
   // SWISH_OF_INPUT: Swish not in place computes f' from its input x (patch 0038): an error e in
   // x moves it by e f''(x), f''(x) = beta s (1 - s) (2 + beta x (1 - 2 s)), s = sigma(beta x).
+  // SWISH_OF_SCALED_INPUT: in place, from the sigmoid's input u = beta x: e in u moves it by
+  // e f''(x) / beta.
   enum Derivative { NO_DERIVATIVE = 0, SIGMOID_OF_OUTPUT, TANH_OF_OUTPUT, ELU_OF_OUTPUT,
-                    EXP_OF_OUTPUT, SOFTMAX_OF_OUTPUT, SWISH_OF_INPUT };
+                    EXP_OF_OUTPUT, SOFTMAX_OF_OUTPUT, SWISH_OF_INPUT, SWISH_OF_SCALED_INPUT };
   CometLayerFacts()
       : known(false), lossy_input(false), adaptive(false), exact_sign(false),
         relu_from_mask(false), lrn_from_input(false), fills_whole(false),

@@ -362,14 +362,19 @@ double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
 // / 3) with the errors independent along the axis (their sum over j is the one place they meet).
 // Swish (not in place) computes dx = dy f'(x) from its input: e in x moves dx by e dy f''(x),
 // f''(x) = beta s (1 - s) (2 + beta x (1 - 2 s)), s = sigma(beta x) (|f''| <= beta / 2), an RMS
-// of eb sqrt(E[dy^2 f''^2] / 3) the same way.
-// Returns that per unit of bound, from the y (Swish: x) the backward is about to read.
+// of eb sqrt(E[dy^2 f''^2] / 3) the same way. In place it reads the sigmoid's input u = beta x
+// instead: e in u moves dx by e dy f''(x) / beta.
+// Returns that per unit of bound, from the y (Swish: x, or u) the backward is about to read.
 template <typename Dtype>
 double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) const {
   const CometLayerFacts::Derivative kind = derivative_[layer];
   CHECK_NE(kind, CometLayerFacts::NO_DERIVATIVE) << net_->layer_names()[layer];
-  const bool of_input = kind == CometLayerFacts::SWISH_OF_INPUT;
-  const Blob<Dtype>* y = of_input ? net_->bottom_vecs()[layer][0] : net_->top_vecs()[layer][0];
+  const bool scaled = kind == CometLayerFacts::SWISH_OF_SCALED_INPUT;
+  const bool of_input = kind == CometLayerFacts::SWISH_OF_INPUT || scaled;
+  const Blob<Dtype>* y =
+      scaled     ? CometLayerAccess<Dtype>::swish_sigmoid(net_->layers()[layer].get(), 0)
+      : of_input ? net_->bottom_vecs()[layer][0]
+                 : net_->top_vecs()[layer][0];
   const LayerParameter& lp = net_->layers()[layer]->layer_param();
   const Dtype* yd = y->cpu_data();
   const Dtype* dy = net_->top_vecs()[layer][0]->cpu_diff();
@@ -399,8 +404,8 @@ double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) co
     if (kind != CometLayerFacts::SOFTMAX_OF_OUTPUT) {
       double g;
       if (of_input) {
-        const double bx = beta * yd[i], s = 0.5 * std::tanh(0.5 * bx) + 0.5;
-        g = beta * s * (1. - s) * (2. + bx * (1. - 2. * s));
+        const double bx = scaled ? yd[i] : beta * yd[i], s = 0.5 * std::tanh(0.5 * bx) + 0.5;
+        g = (scaled ? 1. : beta) * s * (1. - s) * (2. + bx * (1. - 2. * s));
       } else {
         g = kind == CometLayerFacts::SIGMOID_OF_OUTPUT ? 1. - 2. * yd[i]
             : kind == CometLayerFacts::TANH_OF_OUTPUT  ? 2. * yd[i]

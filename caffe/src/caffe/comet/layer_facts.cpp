@@ -108,23 +108,19 @@ void ReadsBottom(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f
   All(&f->bottom, COMET_READS_VALUE);
 }
 
-// Backward reads its output's values only.
+// Swish: y' = sigma(beta x) (1 + beta x (1 - sigma(beta x))) from beta x alone (patch 0038),
+// lossy under the derivative rule: not in place from its input, and its sigmoid's input and output
+// (each as large as x) are not read after the forward; in place from the sigmoid's input, and
+// neither the blob nor the sigmoid's output is read.
 template <typename Dtype>
-void ReadsTop(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
-  All(&f->top, COMET_READS_VALUE);
-}
-
-// Swish: y' = sigma(beta x) (1 + beta x (1 - sigma(beta x))) from its input alone (patch 0038),
-// lossy under the derivative rule; its sigmoid's input and output (each as large as x) are not
-// read after the forward. In place upstream's backward reads y and the sigmoid's output.
-template <typename Dtype>
-void SwishRow(const Layer<Dtype>& l, const CometLayerShape& s, CometLayerFacts* f) {
+void SwishRow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f) {
+  f->lossy_input = true;
   if (s.in_place) {
-    ReadsTop(l, s, f);
+    f->derivative = CometLayerFacts::SWISH_OF_SCALED_INPUT;
+    f->private_buffer = CometLayerFacts::SWISH_IN_PLACE;
     return;
   }
   All(&f->bottom, COMET_READS_VALUE);
-  f->lossy_input = true;
   f->derivative = CometLayerFacts::SWISH_OF_INPUT;
   f->private_buffer = CometLayerFacts::SWISH_SIGMOID;
 }

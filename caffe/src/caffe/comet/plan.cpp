@@ -329,6 +329,15 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         e.eb_layers.push_back(BoundOf(&plan, net, param, i, CometPlanBound::WEIGHT_GRADIENT));
         break;
       }
+      case CometLayerFacts::SWISH_IN_PLACE:
+        // In-place Swish's sigmoid input (beta x, which its backward reads: patch 0038): lossy
+        // under the derivative rule, or kept dense and counted; its output, unread, below.
+        e.blob = e.name + " sigmoid_input";
+        e.action = CometActions::KEEP;
+        if (!runs_backward || !LossyAllowed(net.layers()[i]->layer_param(), lossy_types)) break;
+        e.action = CometActions::LOSSY;
+        e.eb_layers.push_back(BoundOf(&plan, net, param, i, CometPlanBound::DERIVATIVE));
+        break;
       default: continue;
     }
     e.buffer = e.action;
@@ -336,16 +345,24 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     e.last_forward = i;
     e.last_backward = runs_backward ? i : -1;
     // LRN within a channel: its internal layers' outputs, one entry each; Swish: its sigmoid's
-    // input and output, never read after the forward.
+    // input and output, never read after the forward (in place: its output).
     const char* within[] = {" squares", " means", " scale"};  // of x^2 over the windows; s^-beta
     const char* swish[] = {" sigmoid_input", " sigmoid_output"};  // one word: cometctl plan
     const bool lrn_within = plan.facts[i].private_buffer == CometLayerFacts::LRN_WITHIN;
     const bool sigmoids = plan.facts[i].private_buffer == CometLayerFacts::SWISH_SIGMOID;
-    for (int part = 0; part < (lrn_within ? 3 : sigmoids ? 2 : 1); ++part) {
+    const bool swish_in_place = plan.facts[i].private_buffer == CometLayerFacts::SWISH_IN_PLACE;
+    for (int part = 0; part < (lrn_within ? 3 : sigmoids || swish_in_place ? 2 : 1); ++part) {
       if (lrn_within) e.blob = e.name + within[part];
       if (sigmoids) e.blob = e.name + swish[part];
+      if (swish_in_place && part == 1) {
+        e.blob = e.name + swish[1];
+        e.buffer = CometActions::RECOMPUTE;
+        e.action = runs_backward ? CometActions::RECOMPUTE : CometActions::RELEASE;
+        e.eb_layers.clear();
+      }
       e.part = part;
       e.unread = (lrn_within && plan.facts[i].lrn_from_input) || sigmoids ||
+                 (swish_in_place && part == 1) ||
                  plan.facts[i].private_buffer == CometLayerFacts::MVN_TEMP;
       plan.private_of_layer[i].push_back(plan.entries.size());
       plan.after_forward[i].push_back(plan.entries.size());
@@ -532,6 +549,10 @@ std::string DescribeCometPlan(const CometPlan& plan, const Net<Dtype>& net,
                plan.facts[en.layer].private_buffer == CometLayerFacts::SWISH_SIGMOID) {
       os << "freed after " << en.name << " forward, not read: " << en.name
          << "'s backward works from its input";
+    } else if (en.action == CometActions::RECOMPUTE && en.unread &&
+               plan.facts[en.layer].private_buffer == CometLayerFacts::SWISH_IN_PLACE) {
+      os << "freed after " << en.name << " forward, not read: " << en.name
+         << "'s backward works from its sigmoid's input";
     } else if (en.action == CometActions::RECOMPUTE && en.unread) {
       os << "freed after " << en.name << " forward, not read: the store computes " << en.name
          << "'s backward from its input";

@@ -1269,44 +1269,64 @@ TEST_F(CometPayloadTest, ExpAndSoftmaxGradientErrorMatchesTheDerivation) {
   }
 }
 
-// Swish not in place computes dx = dy f'(x) from its input (patch 0038). An error e in x, uniform
-// in [-eb, eb], moves dx by an RMS of eb sqrt(E[dy^2 f''(x)^2] / 3), f''(x) = beta s (1 - s)
-// (2 + beta x (1 - 2 s)), s = sigma(beta x) (bounds.cpp, DerivativeErrorPerBound); sz's errors at
-// the same bound stay within it. The gradient from the input is upstream's from the output.
+// Swish computes dx = dy f'(x) from its input (patch 0038), or in place from its sigmoid's input
+// u = beta x. An error e in x, uniform in [-eb, eb], moves dx by an RMS of eb sqrt(E[dy^2
+// f''(x)^2] / 3), f''(x) = beta s (1 - s) (2 + beta x (1 - 2 s)), s = sigma(beta x), and one in u
+// by eb sqrt(E[dy^2 (f''(x) / beta)^2] / 3) (bounds.cpp, DerivativeErrorPerBound); sz's errors at
+// the same bound stay within it. The gradient is upstream's from the output, and in place the
+// same bit for bit as not in place, with the sigmoid's output read or computed again.
 TEST_F(CometPayloadTest, SwishGradientErrorFromItsInputMatchesTheDerivation) {
   const float betas[] = {1.f, 1.5f};
   for (int k = 0; k < 2; ++k) {
     const double beta = betas[k];
-    Blob<float> bottom(4, 6, 10, 10), top;
-    std::vector<Blob<float>*> bv(1, &bottom), tv(1, &top);
-    FillerParameter wide;
-    wide.set_std(2.5f);
-    GaussianFiller<float>(wide).Fill(&bottom);
-    const std::vector<float> x(bottom.cpu_data(), bottom.cpu_data() + bottom.count());
-    LayerParameter lp;
-    lp.mutable_swish_param()->set_beta(betas[k]);
-    SwishLayer<float> layer(lp);
-    Blob<float> dy;
-    const std::vector<float> exact = ExactInputGradient(&layer, bv, tv, &dy);
-    // upstream's form, from the output and the sigmoid: beta y + s (1 - beta y)
-    const float* g = dy.cpu_data();
-    double sum = 0;
-    for (int i = 0; i < bottom.count(); ++i) {
-      const double bx = beta * x[i], s = 0.5 * std::tanh(0.5 * bx) + 0.5, y = x[i] * s;
-      ASSERT_NEAR(exact[i], g[i] * (beta * y + s * (1. - beta * y)), 1e-5 * (1. + std::fabs(g[i])))
-          << "at " << i;
-      const double f2 = beta * s * (1. - s) * (2. + bx * (1. - 2. * s));
-      sum += g[i] * g[i] * f2 * f2;
-    }
-    const double per_eb = std::sqrt(sum / (3. * bottom.count()));
-    const float eb = 1e-2f;
-    for (int way = 0; way < 2; ++way) {  // uniform errors, then sz's
-      const double rms =
-          InputGradientErrorWhenReadOff(&layer, bv, tv, &bottom, x, dy, exact, eb, way);
-      if (way == 0) {
-        EXPECT_GT(rms, 0.9 * eb * per_eb) << "beta " << beta;
+    std::vector<float> not_in_place;
+    for (int in_place = 0; in_place < 2; ++in_place) {
+      Blob<float> bottom(4, 6, 10, 10), top;
+      std::vector<Blob<float>*> bv(1, &bottom), tv(1, in_place ? &bottom : &top);
+      FillerParameter wide;
+      wide.set_std(2.5f);
+      Caffe::set_random_seed(11);  // the same x both ways
+      GaussianFiller<float>(wide).Fill(&bottom);
+      const std::vector<float> x(bottom.cpu_data(), bottom.cpu_data() + bottom.count());
+      LayerParameter lp;
+      lp.mutable_swish_param()->set_beta(betas[k]);
+      SwishLayer<float> layer(lp);
+      Blob<float> dy;
+      Caffe::set_random_seed(12);  // the same dy both ways
+      const std::vector<float> exact = ExactInputGradient(&layer, bv, tv, &dy);
+      if (in_place) {
+        for (int i = 0; i < bottom.count(); ++i) ASSERT_EQ(exact[i], not_in_place[i]) << i;
+      } else {
+        not_in_place = exact;
       }
-      EXPECT_LT(rms, 1.1 * eb * per_eb) << "beta " << beta << (way ? ", sz" : ", uniform");
+      // upstream's form, from the output and the sigmoid: beta y + s (1 - beta y)
+      const float* g = dy.cpu_data();
+      double sum = 0;
+      for (int i = 0; i < bottom.count(); ++i) {
+        const double bx = beta * x[i], s = 0.5 * std::tanh(0.5 * bx) + 0.5, y = x[i] * s;
+        ASSERT_NEAR(exact[i], g[i] * (beta * y + s * (1. - beta * y)),
+                    1e-5 * (1. + std::fabs(g[i]))) << "at " << i;
+        const double f2 = (in_place ? 1. : beta) * s * (1. - s) * (2. + bx * (1. - 2. * s));
+        sum += g[i] * g[i] * f2 * f2;
+      }
+      const double per_eb = std::sqrt(sum / (3. * bottom.count()));
+      // what the backward reads: x, or in place the sigmoid's input u = beta x; the sigmoid's
+      // output freed, as the store frees it, so that s follows the error too
+      CometLayerAccess<float>::swish_sigmoid(&layer, 1)->data()->comet_release();
+      Blob<float>* read = in_place ? CometLayerAccess<float>::swish_sigmoid(&layer, 0) : &bottom;
+      const std::vector<float> values(read->cpu_data(), read->cpu_data() + read->count());
+      EXPECT_EQ(InputGradientErrorWhenReadOff(&layer, bv, tv, read, values, dy, exact, 0.f, false), 0.)
+          << "s computed again is the sigmoid's output, bit for bit";
+      const float eb = 1e-2f;
+      for (int way = 0; way < 2; ++way) {  // uniform errors, then sz's
+        const double rms =
+            InputGradientErrorWhenReadOff(&layer, bv, tv, read, values, dy, exact, eb, way);
+        if (way == 0) {
+          EXPECT_GT(rms, 0.9 * eb * per_eb) << "beta " << beta << ", in place " << in_place;
+        }
+        EXPECT_LT(rms, 1.1 * eb * per_eb) << "beta " << beta << ", in place " << in_place
+                                          << (way ? ", sz" : ", uniform");
+      }
     }
   }
 }
@@ -4062,34 +4082,40 @@ TEST_F(CometStoreTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals)
 // Swish (EfficientNet's activation) not in place computes its backward from its input (patch
 // 0038): the input is stored lossy under the derivative rule, its output is left to the next
 // layer's reads, and its sigmoid's input and output (each as large as the input) are freed after
-// the forward. Before, the output and both sigmoid buffers stayed dense through the step. In place
-// it keeps upstream's backward (the output and the sigmoid's output).
+// the forward. Before, the output and both sigmoid buffers stayed dense through the step. In
+// place it computes it from its sigmoid's input (beta x), which is stored lossy the same way, and
+// its output and sigmoid output go to the next layer's reads or are freed.
 void CometStoreTest::CheckSwish() {
   const std::string net = ActivationNet(
       "swish", "layer { name: 'swish1' type: 'Swish' bottom: 'conv1' top: 'swish1' } ", "swish1",
-      "layer { name: 'swish2' type: 'Swish' bottom: 'conv2' top: 'swish2' swish_param { beta: 1.5 } } ",
-      "swish2", "layer { name: 'swish3' type: 'Swish' bottom: 'pool' top: 'pool' } ");
+      "layer { name: 'swish2' type: 'Swish' bottom: 'conv2' top: 'conv2' swish_param { beta: 1.5 } } ",
+      "conv2", "layer { name: 'swish3' type: 'Swish' bottom: 'pool' top: 'pool' } ");
   // Lossless: COMET off's weights bit for bit, the sigmoid buffers empty between the passes.
   shared_ptr<Solver<float> > off, exact;
   ASSERT_NO_FATAL_FAILURE(TrainLosslessAndOff(net, &exact, &off));
-  int freed = 0;
+  int freed = 0, kept = 0;
   for (int e = 0; e < exact->comet()->entries().size(); ++e) {
     const CometStore<float>::Entry& en = exact->comet()->entries()[e];
     if (en.layer < 0 || en.name.substr(0, 5) != "swish") continue;
-    EXPECT_NE(en.name, "swish3") << "in place: upstream's backward reads the sigmoid's output";
+    if (en.name != "swish1" && en.blob == en.name + " sigmoid_input") {
+      EXPECT_EQ(en.action, CometStore<float>::KEEP) << "in place its backward reads it (dense here)";
+      ++kept;
+      continue;
+    }
     EXPECT_EQ(en.action, CometStore<float>::RECOMPUTE) << en.blob;
     EXPECT_TRUE(en.unread) << en.blob;
     ++freed;
   }
-  EXPECT_EQ(freed, 4) << "the sigmoid input and output of swish1 and swish2";
+  EXPECT_EQ(freed, 4) << "swish1's sigmoid input and output, swish2's and swish3's output";
+  EXPECT_EQ(kept, 2) << "the sigmoid input of swish2 and swish3 (in place)";
   caffe::Net<float>* n = exact->net().get();
   n->ClearParamDiffs();
   n->Forward();
-  for (int l = 0; l < 2; ++l) {
-    Layer<float>* swish = n->layer_by_name(l ? "swish2" : "swish1").get();
-    for (int p = 0; p < 2; ++p) {
+  for (int l = 1; l <= 3; ++l) {
+    Layer<float>* swish = n->layer_by_name("swish" + std::string(1, '0' + l)).get();
+    for (int p = l > 1 ? 1 : 0; p < 2; ++p) {
       EXPECT_EQ(CometLayerAccess<float>::swish_sigmoid(swish, p)->data()->head(),
-                SyncedMemory::UNINITIALIZED) << "swish" << l + 1 << " part " << p;
+                SyncedMemory::UNINITIALIZED) << "swish" << l << " part " << p;
     }
   }
   // ... and a read of them before the next forward is refused, naming the buffer
@@ -4102,8 +4128,8 @@ void CometStoreTest::CheckSwish() {
   EXPECT_TRUE(CometLayerAccess<float>::swish_sigmoid(n->layer_by_name("swish1").get(), 1)
                   ->data()->comet_payload().get() != NULL);
   n->Backward();
-  // Lossy: the bounds follow the derivative rule; conv1 and conv2 (128 KB each) compressed
-  // rather than dense.
+  // Lossy: the bounds follow the derivative rule (swish2's on its sigmoid's input); conv1 (128
+  // KB) compressed rather than dense.
   const char* layers[] = {"swish1", "swish2"};
   CheckDerivativeRule(net, std::vector<std::string>(layers, layers + 2), 128 * 1024);
 }
