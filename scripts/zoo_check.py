@@ -128,6 +128,8 @@ class ZooNet:
     prelu: bool = False
     # every ReLU made a Swish, out of place (EfficientNet's activation): the layers after it read its output
     swish: bool = False
+    # every ReLU made a Swish in place (a ReLU's type swapped): its backward works from its sigmoid's input
+    swish_in_place: bool = False
     # the COMET run's starting bound (error_bound) when not the check's: where the first step,
     # whose bounds no rule has measured yet, needs a smaller one to stay under the target
     start_bound: float = 0.0
@@ -181,6 +183,10 @@ NETS = [
            {"data": _image(3, 32, 32), "label": ("label", 10)}, base_lr=0.003, swish=True,
            note="its ReLUs made Swish, out of place: each Swish's input stored lossy under the "
                 "derivative rule, its sigmoid's buffers freed after the forward"),
+    ZooNet("cifar10_quick_swish_in_place", "upstream:examples/cifar10/cifar10_quick_train_test.prototxt", 8,
+           {"data": _image(3, 32, 32), "label": ("label", 10)}, base_lr=0.003, swish_in_place=True,
+           note="its ReLUs made Swish in place: each Swish's sigmoid input (beta x) stored lossy under the "
+                "derivative rule, its sigmoid's output freed after the forward"),
     ZooNet("cifar10_full", "upstream:examples/cifar10/cifar10_full_train_test.prototxt", 8,
            {"data": _image(3, 32, 32), "label": ("label", 10)}, base_lr=0.02,
            note="LRN WITHIN_CHANNEL, average pooling"),
@@ -282,8 +288,8 @@ def train_net(net: ZooNet, pb2):
         kept.ClearField("exclude")
     if net.prelu:
         replace_relus(out.layer, "PReLU")
-    if net.swish:
-        replace_relus(out.layer, "Swish", out_of_place=True)
+    if net.swish or net.swish_in_place:
+        replace_relus(out.layer, "Swish", out_of_place=net.swish)
     missing = set(net.tops) - set(replaced) - set(src.input)
     if missing:
         raise ValueError(f"{net.name}: no data layer makes {', '.join(sorted(missing))}")

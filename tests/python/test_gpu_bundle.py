@@ -198,7 +198,7 @@ def test_bundle_is_under_60_mib_and_has_what_the_check_runs(bundle):
               "models/zoo/resnet18_dogs.prototxt"):
         assert "gpu-check/" + f in names, f
     with tarfile.open(bundle) as t:
-        assert re.search(r"^zoo=yes \(13 nets\)$", t.extractfile("gpu-check/BUILDINFO").read().decode(), re.M)
+        assert re.search(r"^zoo=yes \(14 nets\)$", t.extractfile("gpu-check/BUILDINFO").read().decode(), re.M)
     # the driver and the CUDA runtime libraries come from the GPU machine, and so do cuDNN and NCCL
     for n in names:
         assert not re.search(r"/lib(cuda|cudart|cublas|cublasLt|curand|cudnn|nccl)[._]", n), n

@@ -473,7 +473,8 @@ def test_every_zoo_net_gets_its_inputs_at_any_batch(wf_pb2):
                 assert made[top] == want, (net.name, top, made[top])
         assert not any(layer.type in P.SOURCE_PARAM for layer in built.layer), net.name
     # the nets without a crop size (CIFAR-10, MNIST) or an image (HDF5's features) are the ones that need the shape
-    assert set(asked) == {"cifar10_quick", "cifar10_quick_prelu", "cifar10_quick_swish", "cifar10_full",
+    assert set(asked) == {"cifar10_quick", "cifar10_quick_prelu", "cifar10_quick_swish",
+                          "cifar10_quick_swish_in_place", "cifar10_full",
                           "cifar10_sigmoid",
                           "cifar10_sigmoid_bn", "lenet",
                           "mnist_autoencoder", "siamese", "hdf5_nonlinear"}

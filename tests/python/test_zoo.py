@@ -20,7 +20,7 @@ SCRIPT = REPO / "scripts" / "zoo_check.py"
 CHECKS = ("iter0", "ran", "freed", "loss", "grad", "stored")
 # issue 9, item 4: upstream's models/ and examples/ that the CPU build runs, ours, and the ResNet
 ZOO = {"caffenet", "alexnet", "googlenet", "flickr_style", "cifar10_quick", "cifar10_quick_prelu",
-       "cifar10_quick_swish", "cifar10_full",
+       "cifar10_quick_swish", "cifar10_quick_swish_in_place", "cifar10_full",
        "cifar10_sigmoid", "cifar10_sigmoid_bn", "lenet",
        "mnist_autoencoder", "siamese", "comet_tiny", "caffenet_dogs", "resnet18_dogs", "resnet18_frozen",
        "hdf5_nonlinear", "pycaffe_linreg"}
@@ -135,6 +135,15 @@ def test_the_swish_net_is_the_quick_net_with_swish_out_of_place(wf_pb2):
         assert list(layer.top) == [layer.name] and list(layer.bottom) == list(b.layer[i].bottom)
         # the next layer reads the Swish's output where it read the ReLU's blob
         assert list(a.layer[i + 1].bottom) == [layer.name] and list(b.layer[i + 1].bottom) == list(b.layer[i].top)
+
+
+def test_the_in_place_swish_net_swaps_the_relus_types_alone(wf_pb2):
+    net, plain = zoo_check.BY_NAME["cifar10_quick_swish_in_place"], zoo_check.BY_NAME["cifar10_quick"]
+    a, b = zoo_check.train_net(net, wf_pb2), zoo_check.train_net(plain, wf_pb2)
+    swapped = [(x.type, y.type) for x, y in zip(a.layer, b.layer) if x.type != y.type]
+    assert swapped == [("Swish", "ReLU")] * 3
+    for x, y in zip(a.layer, b.layer):
+        assert (x.name, list(x.bottom), list(x.top)) == (y.name, list(y.bottom), list(y.top))  # in place, as the ReLUs
 
 
 def test_freed_read_lines_are_recognised():
