@@ -131,6 +131,46 @@ def replace_relus(layers, neuron: str, out_of_place: bool = False) -> None:
             layer.top[:] = [layer.name]
 
 
+def add_squeeze_excitation(layers, reduction: int = 16) -> int:
+    """SENet's channel attention (Hu et al., "Squeeze-and-Excitation Networks") on every residual branch of `layers` (a
+    list, changed in place): each Eltwise's bottom named `*_branch2b` (the last BatchNorm and Scale of a ResNet block's
+    branch, C channels) is multiplied, per sample and channel, by a gate made from it: global average pooling,
+    InnerProduct to C / reduction, ReLU, InnerProduct to C, Sigmoid, and a Scale by that second bottom (axis 0), whose
+    output the Eltwise reads instead. Returns how many branches it changed."""
+    made = 0
+    i = 0
+    while i < len(layers):
+        eltwise = layers[i]
+        branches = [b for b in eltwise.bottom if b.endswith("_branch2b")] if eltwise.type == "Eltwise" else []
+        if not branches:
+            i += 1
+            continue
+        blob = branches[0]
+        channels = next(layer.convolution_param.num_output for layer in layers[:i]
+                        if layer.type == "Convolution" and blob in layer.top)
+        new = type(eltwise)
+        prefix = blob[:-len("_branch2b")] + "_se"
+        gate = [
+            new(name=f"{prefix}_squeeze", type="Pooling", bottom=[blob], top=[f"{prefix}_squeeze"]),
+            new(name=f"{prefix}_down", type="InnerProduct", bottom=[f"{prefix}_squeeze"], top=[f"{prefix}_down"]),
+            new(name=f"{prefix}_down_relu", type="ReLU", bottom=[f"{prefix}_down"], top=[f"{prefix}_down"]),
+            new(name=f"{prefix}_up", type="InnerProduct", bottom=[f"{prefix}_down"], top=[f"{prefix}_up"]),
+            new(name=f"{prefix}_gate", type="Sigmoid", bottom=[f"{prefix}_up"], top=[f"{prefix}_up"]),
+            new(name=prefix, type="Scale", bottom=[blob, f"{prefix}_up"], top=[prefix]),
+        ]
+        gate[0].pooling_param.pool = gate[0].pooling_param.AVE
+        gate[0].pooling_param.global_pooling = True
+        for ip, outputs in ((gate[1], max(channels // reduction, 1)), (gate[3], channels)):
+            ip.inner_product_param.num_output = outputs
+            ip.inner_product_param.weight_filler.type = "msra"
+        gate[5].scale_param.axis = 0
+        eltwise.bottom[list(eltwise.bottom).index(blob)] = prefix
+        layers[i:i] = gate
+        i += len(gate) + 1
+        made += 1
+    return made
+
+
 def meets_train_rule(rule, pb2, state=None) -> bool:
     """Caffe's StateMeetsRule for `state` (a NetState: net_state below), by default the TRAIN state
     {phase: TRAIN, level: 0, no stages}."""

@@ -4,6 +4,8 @@ For each batch size, the fork's `caffe train` runs the net of --model, first wit
 then with one:
   caffenet (default): the shipped CaffeNet (models/bvlc_reference_caffenet),
   resnet: the shipped ResNet-18 (models/resnet18_dogs: BatchNorm, Scale, Eltwise shortcuts),
+  resnet_se: the same with SENet's channel attention on every residual branch (a Scale by a
+      second bottom, caffeproto.add_squeeze_excitation),
   googlenet: upstream's GoogLeNet (models/bvlc_googlenet in the patched tree: Inception branches
       through Split and Concat, three losses),
   cifar10_sigmoid: upstream's CIFAR-10 net with Sigmoid and BatchNorm without Scale
@@ -27,7 +29,7 @@ benchmark's own memory does not count). Reported per run: peak RSS, the store's 
 storage (COMET runs), seconds per iteration after warm-up (wall clock, median), and the CPU seconds
 (user + system) of the whole run, which another tenant's load on a shared machine disturbs less.
 
-    scripts/bench_memory [--model caffenet|resnet|googlenet|cifar10_sigmoid|cifar10_prelu|cifar10_swish|
+    scripts/bench_memory [--model caffenet|resnet|resnet_se|googlenet|cifar10_sigmoid|cifar10_prelu|cifar10_swish|
                                   cifar10_swish_in_place|cifar10_full]
                          [--batches 64 256]
                          [--iters 3]
@@ -98,6 +100,7 @@ def make_images(cometctl: Path) -> Path:
 MODELS = {
     "caffenet": ("CaffeNet", "repo", "models/bvlc_reference_caffenet/train_val.prototxt"),
     "resnet": ("ResNet-18", "repo", "models/resnet18_dogs/train_val.prototxt"),
+    "resnet_se": ("ResNet-18 with squeeze-and-excitation", "repo", "models/resnet18_dogs/train_val.prototxt"),
     "googlenet": ("GoogLeNet", "upstream", "models/bvlc_googlenet/train_val.prototxt"),
     "cifar10_sigmoid": ("CIFAR-10 (Sigmoid, BatchNorm)", "upstream",
                         "examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt"),
@@ -115,6 +118,7 @@ CROP = {"cifar10_sigmoid": 32, "cifar10_prelu": 32, "cifar10_swish": 32, "cifar1
 # nets whose ReLUs become another neuron (in place, as the ReLUs were, unless OUT_OF_PLACE)
 NEURON = {"cifar10_prelu": "PReLU", "cifar10_swish": "Swish", "cifar10_swish_in_place": "Swish"}
 OUT_OF_PLACE = {"cifar10_swish"}
+SQUEEZE_EXCITATION = {"resnet_se"}  # nets given SENet's channel attention
 
 
 def model_file(model: str, variant: str | None) -> Path:
@@ -127,7 +131,8 @@ def model_file(model: str, variant: str | None) -> Path:
 
 def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path,
              frozen_before: str | None = None, bn_global_stats: bool = False,
-             crop: int | None = None, neuron: str | None = None, out_of_place: bool = False) -> str:
+             crop: int | None = None, neuron: str | None = None, out_of_place: bool = False,
+             squeeze_excitation: bool = False) -> str:
     net = pb2.NetParameter()
     text_format.Merge(model_path.read_text(), net)
     layers = []
@@ -154,6 +159,8 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
         layers.append(layer)
     if neuron:
         caffeproto.replace_relus(layers, neuron, out_of_place=out_of_place)
+    if squeeze_excitation:
+        caffeproto.add_squeeze_excitation(layers)
     if frozen_before:
         try:
             caffeproto.freeze_layers_before(layers, frozen_before)
@@ -263,7 +270,8 @@ def main() -> int:
         if args.bn_global_stats:  # statistics as a fine-tuned net starts from: a few real batches' averages
             stats = make_net(pb2, text_format, args.batches[0], images, model_path, args.freeze_before,
                              crop=CROP.get(args.model), neuron=NEURON.get(args.model),
-                             out_of_place=args.model in OUT_OF_PLACE)
+                             out_of_place=args.model in OUT_OF_PLACE,
+                             squeeze_excitation=args.model in SQUEEZE_EXCITATION)
             run(caffe, work, "statistics", stats, None, 3, args.gpu, snapshot=True)
             weights = work / "statistics_iter_3.caffemodel"
             print(f"BatchNorm statistics of 3 training iterations at batch {args.batches[0]}: {weights.name}",
@@ -271,7 +279,8 @@ def main() -> int:
         for batch in args.batches:
             net = make_net(pb2, text_format, batch, images, model_path, args.freeze_before, args.bn_global_stats,
                            crop=CROP.get(args.model), neuron=NEURON.get(args.model),
-                           out_of_place=args.model in OUT_OF_PLACE)
+                           out_of_place=args.model in OUT_OF_PLACE,
+                           squeeze_excitation=args.model in SQUEEZE_EXCITATION)
             modes = ["off"] + list(blocks)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike

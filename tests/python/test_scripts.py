@@ -234,3 +234,37 @@ def test_bench_neuron_models_replace_the_quick_nets_relus():
         old = nets["cifar10_prelu"][name].bottom[0]
         later = order[order.index(name) + 1:]
         assert all(old not in nets["cifar10_swish"][n].bottom for n in later), (name, old)
+
+
+@pytest.mark.skipif(not WF_BUILT, reason="the Caffe build is absent: run `cometctl build` first")
+def test_bench_resnet_se_gates_every_residual_branch():
+    """resnet_se: each of ResNet-18's eight residual branches (`*_branch2b`) goes through SENet's gate (global
+    average, InnerProduct to C/16, ReLU, InnerProduct to C, Sigmoid) and a Scale by it (axis 0) before its Eltwise;
+    the shortcuts are untouched."""
+    from google.protobuf import text_format
+
+    from cometctl.caffeproto import caffe_pb2
+
+    pb2 = caffe_pb2()
+    model = bench_memory.model_file("resnet_se", "cpu")
+    se, plain = pb2.NetParameter(), pb2.NetParameter()
+    text_format.Merge(bench_memory.make_net(pb2, text_format, 2, None, model, squeeze_excitation=True), se)
+    text_format.Merge(bench_memory.make_net(pb2, text_format, 2, None, model), plain)
+    layers = {layer.name: layer for layer in se.layer}
+    convs = {layer.top[0]: layer.convolution_param.num_output for layer in se.layer if layer.type == "Convolution"}
+    eltwise = [layer for layer in se.layer if layer.type == "Eltwise"]
+    assert len(eltwise) == 8
+    for layer in eltwise:
+        plain_bottoms = list(next(p for p in plain.layer if p.name == layer.name).bottom)
+        branch = next(b for b in plain_bottoms if b.endswith("_branch2b"))
+        scale = layers[branch[:-len("_branch2b")] + "_se"]
+        assert list(layer.bottom) == [scale.name if b == branch else b for b in plain_bottoms]
+        assert scale.type == "Scale" and scale.scale_param.axis == 0 and scale.bottom[0] == branch
+        gate = scale.bottom[1]
+        down, up = layers[scale.name + "_down"], layers[scale.name + "_up"]
+        assert up.top[0] == gate and layers[scale.name + "_gate"].type == "Sigmoid"
+        assert (down.inner_product_param.num_output, up.inner_product_param.num_output) == \
+            (convs[branch] // 16, convs[branch])
+        squeeze = layers[scale.name + "_squeeze"]
+        assert squeeze.pooling_param.global_pooling and list(squeeze.bottom) == [branch]
+    assert len(se.layer) == len(plain.layer) + 8 * 6

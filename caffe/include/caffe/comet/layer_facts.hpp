@@ -53,7 +53,7 @@ struct CometLayerFacts {
                     EXP_OF_OUTPUT, SOFTMAX_OF_OUTPUT, SWISH_OF_INPUT, SWISH_OF_SCALED_INPUT };
   CometLayerFacts()
       : known(false), lossy_input(false), adaptive(false), exact_sign(false),
-        relu_from_mask(false), lrn_from_input(false), fills_whole(false),
+        relu_from_mask(false), lrn_from_input(false), fills_whole(false), exact_bottom(-1),
         private_buffer(NO_PRIVATE),
         derivative(NO_DERIVATIVE) {}
 
@@ -69,7 +69,7 @@ struct CometLayerFacts {
   bool lossy_input;
   // Its weight gradient is sum x (x) dy with weights of shape (outputs, ...): the adaptive bound
   // rule of docs/comet.md applies (Convolution, InnerProduct, Deconvolution, PReLU's slope, and
-  // Scale for BatchNorm's x_norm_).
+  // Scale: its scale's gradient, a parameter's or with two bottoms the second bottom's).
   bool adaptive;
   // Its lossy value reads also ask x > 0, which must stay exact (PReLU: dx = dy for x > 0, a dy
   // else): the store keeps a sign mask beside the stream, as for ReLU.
@@ -83,6 +83,9 @@ struct CometLayerFacts {
   // value of each bottom diff it propagates to (it assigns them, never adds to what is there),
   // CPU and GPU: when the store has freed that memory, its next allocation needs no zero fill.
   bool fills_whole;
+  // A bottom whose values it reads exactly even with lossy_input, or -1 (Scale's second bottom,
+  // the scale itself: its error would move the first bottom's gradient directly).
+  int exact_bottom;
   Private private_buffer;  // a buffer as large as an activation that the store may hold
   Derivative derivative;
 

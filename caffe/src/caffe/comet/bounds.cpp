@@ -56,16 +56,6 @@ float CometBounds<Dtype>::ForEntry(const CometPlanEntry& e) const {
   return eb;
 }
 
-// Whether the layer's bound has a rule of its own to measure (adaptive, not following another,
-// the layer runs backward; the weight rule needs weights).
-template <typename Dtype>
-bool CometBounds<Dtype>::Measures(int layer) const {
-  if (bound_of_layer_[layer] < 0 || !net_->layer_need_backward()[layer]) return false;
-  const CometPlanBound& bd = bounds_[bound_of_layer_[layer]];
-  if (!bd.adapt || bd.follow >= 0) return false;
-  return bd.rule != CometPlanBound::WEIGHT_GRADIENT || !net_->layers()[layer]->blobs().empty();
-}
-
 namespace {
 // One of Convolution's repeated spatial fields: one value for both axes, or one per axis (H, W).
 int Spatial(const google::protobuf::RepeatedField<uint32_t>& v, int axis, int otherwise) {
@@ -119,13 +109,31 @@ void Maps(const LayerParameter& lp, const std::vector<int>& shape, int* num, int
   for (int i = 3; i < shape.size(); ++i) *width *= shape[i];
 }
 
+// Whether layer i is a Scale whose scale is its second bottom (SENet's channel attention).
+template <typename Dtype>
+bool ScaleByBottom(const Net<Dtype>& net, int i) {
+  return net.layers()[i]->type() == std::string("Scale") && net.bottom_vecs()[i].size() > 1;
+}
+
+// The gradient the weight rule watches at layer i: its weights' (its first parameter's), or that
+// of a Scale's second bottom, the scale; NULL without either.
+template <typename Dtype>
+const Blob<Dtype>* WatchedGradient(const Net<Dtype>& net, int i) {
+  if (ScaleByBottom(net, i)) return net.bottom_vecs()[i][1];
+  Layer<Dtype>& l = *net.layers()[i];
+  return l.blobs().empty() ? NULL : l.blobs()[0].get();
+}
+
 // How many output channels a layer's weights feed (O of the independent-error estimate): the
 // weights' first axis, but Deconvolution's second (times its groups; its weights are input x
 // output / group x kernel), and 1 for a 0-D weight (PReLU's channel_shared slope). For a
 // Deconvolution of stride s each weight meets about 1 / s^2 of its channel's dy, so the estimate
-// then errs high (by about s).
+// then errs high (by about s). A Scale by its second bottom: every element of that bottom sums
+// its own part of dy.
 template <typename Dtype>
-int WeightOutputs(Layer<Dtype>& l) {  // NOLINT(runtime/references): blobs() is not const
+int WeightOutputs(const Net<Dtype>& net, int i) {
+  if (ScaleByBottom(net, i)) return net.bottom_vecs()[i][1]->count();
+  Layer<Dtype>& l = *net.layers()[i];
   const Blob<Dtype>& w = *l.blobs()[0];
   if (w.num_axes() == 0) return 1;
   if (l.type() == std::string("Deconvolution") && w.num_axes() > 1)
@@ -142,6 +150,16 @@ double StdOf(double sum, double sumsq, double n) {
 const float* DiffOf(const Blob<float>* b, bool dev) { return dev ? b->gpu_diff() : b->cpu_diff(); }
 const float* DiffOf(const Blob<double>*, bool) { return NULL; }  // the store keeps floats only
 }  // namespace
+
+// Whether the layer's bound has a rule of its own to measure (adaptive, not following another,
+// the layer runs backward; the weight rule needs a gradient to watch).
+template <typename Dtype>
+bool CometBounds<Dtype>::Measures(int layer) const {
+  if (bound_of_layer_[layer] < 0 || !net_->layer_need_backward()[layer]) return false;
+  const CometPlanBound& bd = bounds_[bound_of_layer_[layer]];
+  if (!bd.adapt || bd.follow >= 0) return false;
+  return bd.rule != CometPlanBound::WEIGHT_GRADIENT || WatchedGradient(*net_, layer) != NULL;
+}
 
 template <typename Dtype>
 void CometBounds<Dtype>::NoteStoredInput(const CometPlanEntry& e, const float* data,
@@ -202,7 +220,7 @@ void CometBounds<Dtype>::MeasureWeightErrors(int layer) {
   } else {
     double s = 0;
     for (int k = 0; k < tops.size(); ++k) s += static_cast<double>(tops[k]->sumsq_diff());
-    measured_[layer] = CometIndependentWeightError(s, WeightOutputs(*l), 1.);
+    measured_[layer] = CometIndependentWeightError(s, WeightOutputs(*net_, layer), 1.);
   }
   sample = CometErrorSample();  // used once: the next measuring iteration samples again
 }
@@ -254,7 +272,7 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
     // Weight gradient dW = sum x (x) dy, still the raw data gradient here (regularisation
     // comes later, in ApplyUpdate): the bound where the error measured before the backward
     // reaches the target, or the independent-error estimate.
-    const Blob<Dtype>* w = net_->layers()[layer]->blobs()[0].get();
+    const Blob<Dtype>* w = WatchedGradient(*net_, layer);
     const double grad_rms = std::sqrt(static_cast<double>(w->sumsq_diff()) / w->count());
     Ladder& ladder = ladder_[layer];
     if (ladder.bounds.empty()) {

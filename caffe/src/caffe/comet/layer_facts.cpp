@@ -215,14 +215,20 @@ void PReLURow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f)
   f->exact_sign = true;
 }
 
-// In place, Scale keeps a copy of its input of its own and reads that.
-
+// Scale reads its input only for its scale's gradient, sum x dy per element of the scale (a
+// channel's parameter, or with the scale as a second bottom, SENet's channel attention, one per
+// sample and channel): the input lossy under the weight rule; in place, its own copy of it. The
+// second bottom, the scale itself, is read for the first bottom's gradient dy * scale: exactly.
 template <typename Dtype>
 void ScaleRow(const Layer<Dtype>&, const CometLayerShape& s, CometLayerFacts* f) {
   if (!s.in_place) f->bottom[0] = COMET_READS_VALUE;
   else f->private_buffer = CometLayerFacts::SCALE_COPY;
-  f->adaptive = s.bottoms == 1;  // its scale's gradient is sum x * dy per channel
-  if (s.bottoms > 1) f->bottom[1] = COMET_READS_VALUE;  // the scale itself, for bottom[0]'s diff
+  f->lossy_input = true;
+  f->adaptive = true;
+  if (s.bottoms > 1) {
+    f->bottom[1] = COMET_READS_VALUE;
+    f->exact_bottom = 1;
+  }
 }
 
 // BatchNorm's Backward reads its own x_norm_ (a copy of its output) and temp_.

@@ -135,6 +135,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
     lossy_types.insert("Exp");
     lossy_types.insert("Softmax");
     lossy_types.insert("Deconvolution");
+    lossy_types.insert("Scale");
   }
 
   // Blobs whose data the store never touches: what callers read or set from outside (inputs,
@@ -209,7 +210,8 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         last_bwd[g] = std::min(last_bwd[g], i);
         if (read != COMET_READS_SIGN) sign_only[g] = false;
         if (read == COMET_READS_SIGN || f.exact_sign) any_sign[g] = true;
-        if (read == COMET_READS_VALUE && !layer_lossy) lossy_ok[g] = false;
+        if (read == COMET_READS_VALUE && (!layer_lossy || (side == 0 && k == f.exact_bottom)))
+          lossy_ok[g] = false;
       }
     }
     const std::vector<int>& tops = net.top_ids(i);

@@ -2315,7 +2315,7 @@ class CometStoreTest : public ::testing::Test {
   void CheckOutputDerivatives();
   // Exp and Softmax outputs, the same way (defined below).
   void CheckExpAndSoftmax();
-  void CheckDerivativeRule(const std::string& net, const std::vector<std::string>& layers,
+  void CheckAdaptiveBounds(const std::string& net, const std::vector<std::string>& layers,
                            double saved);
   // PReLU's inputs lossy with their signs exact (defined below).
   void CheckPReLU();
@@ -2327,6 +2327,8 @@ class CometStoreTest : public ::testing::Test {
   void CheckFrozenMiddleLayers();
   // MVN's temp_ freed between its passes, not rebuilt (defined below).
   void CheckMVNTemp();
+  // SENet's channel attention: a Scale by a second bottom stores its first lossy (defined below).
+  void CheckSqueezeExcitation();
 
   // conv, ReLU, max pooling with overlapping windows, LRN across channels, Dropout: a net with
   // every kind of layer-private buffer the store keeps (Caffe's engines, named).
@@ -3791,14 +3793,15 @@ void CometStoreTest::CheckOutputDerivatives() {
       "layer { name: 'elu3' type: 'ELU' bottom: 'pool' top: 'pool' } ");
   const char* layers[] = {"sig1", "tanh2", "elu3"};
   // sig1 and conv2's blob (64 KB each) dense through the step, or compressed
-  CheckDerivativeRule(net, std::vector<std::string>(layers, layers + 3), 64 * 1024);
+  CheckAdaptiveBounds(net, std::vector<std::string>(layers, layers + 3), 64 * 1024);
 }
 
-// Layers whose output their own backward reads (`layers`) of `net`: their outputs are stored
-// lossy under the derivative rule, whose bounds move with adaptive_target (linearly: 4x the
-// target, 4x the bound); training stays close to COMET off; the activations' peak is at least
-// `saved` bytes below that of a store keeping them dense.
-void CometStoreTest::CheckDerivativeRule(const std::string& net,
+// Layers of `net` whose lossy reads have a rule of their own (`layers`: the derivative rule of
+// those whose backward reads their output or input, or the weight rule): the blobs they read are
+// stored lossy under bounds that move with adaptive_target (linearly: 4x the target, 4x the
+// bound); training stays close to COMET off; the activations' peak is at least `saved` bytes below
+// that of a store keeping them dense (only convolutions and inner products lossy).
+void CometStoreTest::CheckAdaptiveBounds(const std::string& net,
                                          const std::vector<std::string>& layers, double saved) {
   const std::string adaptive =
       "eb_mode: ADAPTIVE error_bound: 1e-1 update_interval: 1 min_error_bound: 1e-6 ";
@@ -3816,7 +3819,7 @@ void CometStoreTest::CheckDerivativeRule(const std::string& net,
   Run(dense.get(), 4);
   for (int i = 0; i < layers.size(); ++i) {
     const float eb = tight->comet()->bound(layers[i]);
-    EXPECT_NE(eb, 1e-1f) << layers[i] << ": the derivative rule never moved the bound";
+    EXPECT_NE(eb, 1e-1f) << layers[i] << ": the rule never moved the bound";
     const double ratio = loose->comet()->bound(layers[i]) / eb;
     EXPECT_GT(ratio, 3.5) << layers[i] << " at " << eb << ": the rule is linear in the target";
     EXPECT_LT(ratio, 4.5) << layers[i] << " at " << eb;
@@ -3844,7 +3847,7 @@ void CometStoreTest::CheckExpAndSoftmax() {
       "exp1", "layer { name: 'soft2' type: 'Softmax' bottom: 'conv2' top: 'soft2' } ", "soft2");
   const char* layers[] = {"exp1", "soft2"};
   // exp1 and soft2 (128 KB each) dense through the step, or compressed
-  CheckDerivativeRule(net, std::vector<std::string>(layers, layers + 2), 128 * 1024);
+  CheckAdaptiveBounds(net, std::vector<std::string>(layers, layers + 2), 128 * 1024);
 }
 
 // BatchNorm without Scale (upstream's CIFAR-10 Sigmoid example): x_norm_ is read by BatchNorm's
@@ -4131,7 +4134,7 @@ void CometStoreTest::CheckSwish() {
   // Lossy: the bounds follow the derivative rule (swish2's on its sigmoid's input); conv1 (128
   // KB) compressed rather than dense.
   const char* layers[] = {"swish1", "swish2"};
-  CheckDerivativeRule(net, std::vector<std::string>(layers, layers + 2), 128 * 1024);
+  CheckAdaptiveBounds(net, std::vector<std::string>(layers, layers + 2), 128 * 1024);
 }
 
 TEST_F(CometStoreTest, SwishStoresItsInputAndFreesItsSigmoidBuffers) { CheckSwish(); }
@@ -4185,6 +4188,35 @@ void CometStoreTest::CheckMVNTemp() {
 }
 
 TEST_F(CometStoreTest, MVNFreesItsTempBetweenThePasses) { CheckMVNTemp(); }
+
+// SENet's block: conv, BatchNorm and Scale in place, then a channel attention (global average,
+// InnerProduct, Sigmoid) that a Scale by its second bottom (axis 0: one scale per sample and
+// channel) multiplies the block's output with. That Scale reads the block's output only for its
+// scale's gradient: stored lossy under the weight rule, which watches the second bottom's gradient
+// (before, the block's output was kept dense); the scale itself is read exactly. Lossless
+// training is COMET off's bit for bit; lossy, the bound follows the target.
+void CometStoreTest::CheckSqueezeExcitation() {
+  const std::string net = ActivationNet(
+      "se",
+      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'sc1' type: 'Scale' bottom: 'conv1' top: 'conv1' scale_param { "
+      "bias_term: true } } "
+      "layer { name: 'squeeze' type: 'Pooling' bottom: 'conv1' top: 'squeeze' pooling_param { "
+      "pool: AVE global_pooling: true } } "
+      "layer { name: 'excite' type: 'InnerProduct' bottom: 'squeeze' top: 'excite' "
+      "inner_product_param { num_output: 16 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'gate' type: 'Sigmoid' bottom: 'excite' top: 'excite' } "
+      "layer { name: 'se' type: 'Scale' bottom: 'conv1' bottom: 'excite' top: 'se' "
+      "scale_param { axis: 0 } } ", "se",
+      "layer { name: 'relu2' type: 'ReLU' bottom: 'conv2' top: 'conv2' } ", "conv2");
+  shared_ptr<Solver<float> > off, exact;
+  ASSERT_NO_FATAL_FAILURE(TrainLosslessAndOff(net, &exact, &off));
+  const char* layers[] = {"se"};
+  // conv1 (128 KB) compressed (on the CPU rebuilt from bn1's x_norm_) rather than kept dense
+  CheckAdaptiveBounds(net, std::vector<std::string>(layers, layers + 1), 128 * 1024);
+}
+
+TEST_F(CometStoreTest, AScaleByASecondBottomStoresItsInputLossy) { CheckSqueezeExcitation(); }
 
 // A convolution with frozen weights between learning layers, and a fixed bilinear upsampling
 // Deconvolution (FCN's, lr_mult 0): their backward computes the input's gradient only, from the
@@ -4534,6 +4566,7 @@ TEST_F(CometGPUTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) {
 }
 TEST_F(CometGPUTest, SwishStoresItsInputAndFreesItsSigmoidBuffers) { CheckSwish(); }
 TEST_F(CometGPUTest, MVNFreesItsTempBetweenThePasses) { CheckMVNTemp(); }
+TEST_F(CometGPUTest, AScaleByASecondBottomStoresItsInputLossy) { CheckSqueezeExcitation(); }
 TEST_F(CometGPUTest, AFrozenLayerBetweenLearningOnesDoesNotKeepItsInput) {
   CheckFrozenMiddleLayers();
 }

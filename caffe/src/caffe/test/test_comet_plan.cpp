@@ -411,6 +411,38 @@ TEST_F(CometPlanTest, MVNKeepsNoInputAndItsOutputOnlyToNormalizeTheVariance) {
   }
 }
 
+// SENet's channel attention: a Scale whose scale is its second bottom (a Sigmoid's output, one
+// per sample and channel) reads its first bottom only for that scale's gradient, sum x dy per
+// element: stored lossy under the weight rule, which watches the second bottom's gradient. The
+// scale itself moves the first bottom's gradient directly and stays exact. A Scale with its own
+// parameter, not in place, stores its input so too.
+TEST_F(CometPlanTest, AScaleByASecondBottomStoresItsInputLossyAndItsScaleExactly) {
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+        "layer { name: 'sc1' type: 'Scale' bottom: 'conv1' top: 'sc1' } "
+        "layer { name: 'squeeze' type: 'Pooling' bottom: 'sc1' top: 'squeeze' pooling_param { "
+        "pool: AVE global_pooling: true } } "
+        "layer { name: 'excite' type: 'InnerProduct' bottom: 'squeeze' top: 'excite' "
+        "inner_product_param { num_output: 4" + kFill + "} } " +
+        InPlace("gate", "Sigmoid", "excite") +
+        "layer { name: 'se' type: 'Scale' bottom: 'sc1' bottom: 'excite' top: 'se' "
+        "scale_param { axis: 0 } } "
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'se' top: 'ip' inner_product_param { "
+        "num_output: 3" + kFill + "} } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ");
+  const CometPlanEntry* conv1 = EntryOf("conv1");
+  ASSERT_TRUE(conv1 != NULL);
+  EXPECT_EQ(conv1->action, CometActions::LOSSY) << "sc1 reads it for its scale's gradient";
+  const CometPlanEntry* sc1 = EntryOf("sc1");
+  ASSERT_TRUE(sc1 != NULL);
+  EXPECT_EQ(sc1->action, CometActions::LOSSY);
+  EXPECT_EQ(sc1->name, "se") << "and not excite, which reads only 'squeeze'";
+  ASSERT_EQ(sc1->eb_layers.size(), 1);
+  const CometPlanBound& bd = plan_.bounds[sc1->eb_layers[0]];
+  EXPECT_EQ(bd.rule, CometPlanBound::WEIGHT_GRADIENT);
+  EXPECT_TRUE(bd.adapt);
+  EXPECT_TRUE(EntryOf("excite") == NULL) << "the scale is kept exactly (dense)";
+}
+
 // A layer with frozen weights between learning ones runs a backward for its input's gradient,
 // which needs the weights and the output's gradient, not the input (patch 0036): the frozen
 // conv2 leaves relu1's signs the only backward read of conv1 (a mask, not lossy values), and a
