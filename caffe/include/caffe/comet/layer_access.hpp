@@ -8,6 +8,7 @@
 
 #include "caffe/comet/codes.hpp"
 #include "caffe/comet/pool.hpp"
+#include "caffe/layers/base_conv_layer.hpp"
 #include "caffe/layers/batch_norm_layer.hpp"
 #include "caffe/layers/dropout_layer.hpp"
 #include "caffe/layers/lrn_layer.hpp"
@@ -122,6 +123,11 @@ class CometLayerAccess {
     if (ScaleLayer<Dtype>* s = dynamic_cast<ScaleLayer<Dtype>*>(layer)) return &s->temp_;
     if (MVNLayer<Dtype>* m = dynamic_cast<MVNLayer<Dtype>*>(layer)) return &m->temp_;
     return NULL;
+  }
+  // Convolution's and Deconvolution's column buffer (one image's im2col), else NULL.
+  static Blob<Dtype>* columns(Layer<Dtype>* layer) {
+    BaseConvolutionLayer<Dtype>* c = dynamic_cast<BaseConvolutionLayer<Dtype>*>(layer);
+    return c ? &c->col_buffer_ : NULL;
   }
   // BatchNorm's Forward leaves its per-channel standard deviation in variance_ and broadcasts it
   // into temp_ with two gemms against vectors of ones; the same gemms rebuild it exactly (every

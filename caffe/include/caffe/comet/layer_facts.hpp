@@ -38,8 +38,11 @@ struct CometLayerFacts {
   // not in place (patch 0038). SWISH_IN_PLACE: in place, its backward reads the sigmoid's input
   // (beta x, patch 0038), lossy under the derivative rule, and not its output. MVN_TEMP: MVN's temp_, as large as its input, which each of its
   // passes writes whole (a product with a vector of ones, beta 0) before reading it: scratch.
+  // CONV_COLUMNS: Convolution's and Deconvolution's col_buffer_ (one image's im2col), scratch the
+  // same way (im2col, or a product with beta 0 before col2im): the store gives every layer of the
+  // net the same one (CometStore::ShareColumns), as they run one at a time.
   enum Private { NO_PRIVATE = 0, MAX_ARGMAX, DROPOUT_MASK, LRN_SCALE, BN_TEMP, SCALE_COPY,
-                 PRELU_COPY, LRN_WITHIN, SWISH_SIGMOID, SWISH_IN_PLACE, MVN_TEMP };
+                 PRELU_COPY, LRN_WITHIN, SWISH_SIGMOID, SWISH_IN_PLACE, MVN_TEMP, CONV_COLUMNS };
   // Backward computes f'(x) from its output y: Sigmoid y (1 - y), TanH 1 - y^2, ELU alpha + y
   // where x <= 0 (1 elsewhere, from x's sign). An error e in y moves it by about e (1 - 2y),
   // -2 y e or e, which the derivative rule of docs/comet.md bounds.

@@ -147,7 +147,13 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   std::map<const Layer<Dtype>*, int> pool_layers_;  // layers whose forward it takes -> index
   std::vector<shared_ptr<Hook> > hooks_;
   CometStatistics<Dtype> stats_;
-  std::vector<const SyncedMemory*> sample_buffers_;  // Sample's, kept to spare an allocation
+  // The column buffer every convolution of the net shares (ShareColumns), and the largest count
+  // any of theirs had.
+  Blob<Dtype> columns_;
+  int columns_max_;
+  void ShareColumns(int layer);
+  // Sample's private buffers, and those of them that are scratch, kept to spare an allocation
+  std::vector<const SyncedMemory*> sample_buffers_, sample_scratch_;
   shared_ptr<Reader> reader_;
   int context_layer_, context_iter_;  // layer -1: outside a step (context_pass_ says where)
   const char* context_pass_;

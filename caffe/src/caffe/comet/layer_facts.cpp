@@ -187,6 +187,14 @@ void WeightedLinear(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFac
   f->adaptive = true;
 }
 
+// Convolution and Deconvolution (Caffe's engine): WeightedLinear, and the column buffer of one
+// image that each pass writes whole before reading it (CONV_COLUMNS).
+template <typename Dtype>
+void ConvolutionRow(const Layer<Dtype>& l, const CometLayerShape& s, CometLayerFacts* f) {
+  f->private_buffer = CometLayerFacts::CONV_COLUMNS;
+  WeightedLinear(l, s, f);
+}
+
 template <typename Dtype>
 void ReLURow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
   f->bottom[0] = COMET_READS_SIGN;  // in place: the output, whose sign is the input's
@@ -436,9 +444,9 @@ std::vector<std::string> CometFactsRegistry<Dtype>::KnownTypes() {
 INSTANTIATE_CLASS(CometFactsRegistry);
 
 // ----------------------------------------------------------------------------- the registry
-REGISTER_COMET_FACTS("Convolution", ConvolutionLayer, WeightedLinear);
+REGISTER_COMET_FACTS("Convolution", ConvolutionLayer, ConvolutionRow);
 REGISTER_COMET_FACTS("InnerProduct", InnerProductLayer, WeightedLinear);
-REGISTER_COMET_FACTS("Deconvolution", DeconvolutionLayer, WeightedLinear);
+REGISTER_COMET_FACTS("Deconvolution", DeconvolutionLayer, ConvolutionRow);
 REGISTER_COMET_FACTS("Embed", EmbedLayer, EmbedRow);
 REGISTER_COMET_FACTS("ReLU", ReLULayer, ReLURow);
 REGISTER_COMET_FACTS("PReLU", PReLULayer, PReLURow);

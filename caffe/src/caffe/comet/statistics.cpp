@@ -31,7 +31,8 @@ std::string FormatBytes(double b) {
 // memories (in-place layers, Split) are found once and again only when a memory changes.
 template <typename Dtype>
 void CometStatistics<Dtype>::Sample(const std::vector<CometEntry>& entries,
-                                    const std::vector<const SyncedMemory*>& private_buffers) {
+                                    const std::vector<const SyncedMemory*>& private_buffers,
+                                    const std::vector<const SyncedMemory*>& scratch) {
   size_t cur[CometMemory::NUM_KINDS] = {0, 0, 0, 0, 0};
   visit_.clear();
   visit_kind_.clear();
@@ -53,6 +54,10 @@ void CometStatistics<Dtype>::Sample(const std::vector<CometEntry>& entries,
     visit_.push_back(private_buffers[b]);
     visit_kind_.push_back(CometMemory::ACTIVATIONS);
   }
+  for (int b = 0; b < scratch.size(); ++b) {
+    visit_.push_back(scratch[b]);
+    visit_kind_.push_back(CometMemory::SCRATCH);
+  }
   if (visit_ != last_visit_) {
     last_visit_ = visit_;
     counts_.assign(visit_.size(), false);
@@ -64,7 +69,7 @@ void CometStatistics<Dtype>::Sample(const std::vector<CometEntry>& entries,
       cur[visit_kind_[i]] += visit_[i]->size();
   for (int e = 0; e < entries.size(); ++e)  // every payload is held by its entry
     if (entries[e].stored) cur[CometMemory::COMPRESSED] += entries[e].stored->stored_bytes();
-  cur[CometMemory::SCRATCH] = CometGpuPoolQuery().cached + CometEncoderHeldBytes();
+  cur[CometMemory::SCRATCH] += CometGpuPoolQuery().cached + CometEncoderHeldBytes();
   size_t total = 0;
   for (int k = 0; k < CometMemory::NUM_KINDS; ++k) {
     memory_.current[k] = cur[k];
@@ -146,8 +151,9 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
         snprintf(line, sizeof(line), "COMET %s: %s kept dense, %s", e.name.c_str(),
                  e.blob.substr(e.name.size() + 1).c_str(), FormatBytes(e.last_dense).c_str());
       } else if (e.action == CometActions::REBUILD && e.unread) {
-        snprintf(line, sizeof(line), "COMET %s: temp freed after the forward, %s (written anew "
-                 "by the backward)", e.name.c_str(), FormatBytes(e.last_dense).c_str());
+        snprintf(line, sizeof(line), "COMET %s: %s freed after the forward, %s (written anew "
+                 "by the backward)", e.name.c_str(), e.blob.substr(e.name.size() + 1).c_str(),
+                 FormatBytes(e.last_dense).c_str());
       } else if (e.action == CometActions::REBUILD) {
         snprintf(line, sizeof(line), "COMET %s: %s rebuilt, freed %s, %.1f ms", e.name.c_str(),
                  e.source >= 0 ? "input copy" : "temp", FormatBytes(e.last_dense).c_str(),

@@ -296,7 +296,7 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
     : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
       stats_(net_, param_), context_layer_(-1), context_iter_(-1),
       context_pass_("before the first training step"), forward_from_(0), last_forward_(-2),
-      measuring_(false), in_flight_(0),
+      columns_max_(0), measuring_(false), in_flight_(0),
       max_in_flight_(0), tiled_gemm_(false), flushing_(false), in_step_(false), float_mode_(0) {
   CheckSettings(param_, *net_);
   if (param_.async()) worker_.reset(new CometWorker());
@@ -386,6 +386,15 @@ template <typename Dtype>
 void CometStore<Dtype>::MakePlan() {
   FinishAll();  // jobs name entries of the old plan
   plan_ = MakeCometPlan(*net_, param_, data_aliases_, diff_aliases_);
+  // The shared column buffer as large as the largest any convolution has now (ShareColumns).
+  for (int i = 0; i < plan_.facts.size() && param_.layer_buffers(); ++i) {
+    const Blob<Dtype>* cols = CometLayerAccess<Dtype>::columns(net_->layers()[i].get());
+    if (plan_.facts[i].private_buffer == CometLayerFacts::CONV_COLUMNS && cols &&
+        cols->count() > columns_max_) {
+      columns_max_ = cols->count();
+    }
+  }
+  if (columns_max_) columns_.Reshape(std::vector<int>(1, columns_max_));
   // What the old plan stored stays with the entry of the same memory; bounds keep their value.
   std::map<std::string, Entry> old;
   for (int e = 0; e < entries_.size(); ++e) old[entries_[e].blob] = entries_[e];
@@ -780,6 +789,7 @@ void CometStore<Dtype>::BeforeForward(int layer) {
   if (starts) forward_from_ = layer;
   last_forward_ = layer;
   SetContext(layer, kForward);
+  ShareColumns(layer);
   // Work queued by an earlier pass (decodes started for a backward that stopped early, encodes
   // of a forward that ended early) may read or write memory this forward rewrites: pycaffe's
   // forward(end=...) then forward(start=...) would rewrite a blob that an encode was reading,
@@ -1115,6 +1125,7 @@ template <typename Dtype>
 void CometStore<Dtype>::BeforeBackward(int layer) {
   last_forward_ = -2;
   SetContext(layer, "backward");
+  ShareColumns(layer);
   if (worker_) {
     // Encodes left by a forward that stopped early; the decodes started for this layer.
     std::vector<shared_ptr<Job> > wait;
@@ -1172,8 +1183,13 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
   for (int k = 0; k < own.size(); ++k) {
     Entry& e = entries_[own[k]];
     if (e.action != REBUILD || PrivateBuffer(e)->head() != SyncedMemory::UNINITIALIZED) continue;
-    if (e.unread) {  // MVN's temp_: the backward writes it whole first, into fresh memory
-      CometMarkFill(PrivateBuffer(e));
+    if (e.unread) {
+      // MVN's temp_, a convolution's columns: the backward writes them whole first, into fresh
+      // memory, made now so that the decodes ahead below see it in use.
+      SyncedMemory* mem = PrivateBuffer(e);
+      CometMarkFill(mem);
+      if (Caffe::mode() == Caffe::CPU) mem->mutable_cpu_data();
+      else mem->mutable_gpu_data();
       continue;
     }
     const Clock::time_point start = Clock::now();
@@ -1426,9 +1442,35 @@ void CometStore<Dtype>::AfterBackward(int layer) {
 template <typename Dtype>
 void CometStore<Dtype>::Sample() {
   sample_buffers_.clear();
-  for (int e = 0; e < entries_.size(); ++e)
-    if (entries_[e].layer >= 0) sample_buffers_.push_back(PrivateBuffer(entries_[e]));
-  stats_.Sample(entries_, sample_buffers_);
+  sample_scratch_.clear();
+  for (int e = 0; e < entries_.size(); ++e) {
+    const Entry& en = entries_[e];
+    if (en.layer < 0) continue;
+    // MVN's temp_ and a convolution's columns: scratch of one pass, not an activation
+    (en.buffer == REBUILD && en.unread ? sample_scratch_ : sample_buffers_).push_back(PrivateBuffer(en));
+  }
+  if (columns_max_) sample_scratch_.push_back(columns_.data().get());
+  stats_.Sample(entries_, sample_buffers_, sample_scratch_);
+}
+
+// Convolutions keep a column buffer each (one image's im2col, for a 3x3 kernel nine times the
+// input image) for good, but each pass writes all of it before reading it, and layers run one at
+// a time: before each pass the layer's buffer becomes the one they all share, as large as the
+// largest of theirs. The count a layer's Reshape may grow to without reallocating (its own
+// capacity) is one seen before, here or at the start, so the shared memory is never too small;
+// a layer that grows past it allocates its own again, until its next pass.
+template <typename Dtype>
+void CometStore<Dtype>::ShareColumns(int layer) {
+  if (!param_.layer_buffers() || plan_.facts[layer].private_buffer != CometLayerFacts::CONV_COLUMNS)
+    return;
+  Blob<Dtype>* cols = CometLayerAccess<Dtype>::columns(net_->layers()[layer].get());
+  if (!cols || cols->count() == 0) return;
+  if (cols->count() > columns_max_) {
+    columns_max_ = cols->count();
+    columns_.Reshape(std::vector<int>(1, columns_max_));
+  }
+  columns_.Reshape(cols->shape());  // within its capacity: the same memory
+  if (cols->data() != columns_.data()) cols->ShareData(columns_);
 }
 
 template <typename Dtype>

@@ -2329,6 +2329,8 @@ class CometStoreTest : public ::testing::Test {
   void CheckMVNTemp();
   // SENet's channel attention: a Scale by a second bottom stores its first lossy (defined below).
   void CheckSqueezeExcitation();
+  // Convolutions share one column buffer (defined below).
+  void CheckConvColumns();
 
   // conv, ReLU, max pooling with overlapping windows, LRN across channels, Dropout: a net with
   // every kind of layer-private buffer the store keeps (Caffe's engines, named).
@@ -3396,7 +3398,8 @@ TEST_F(CometStoreTest, EncoderBuffersCountInTheTrackedMemory) {
       << "the host encoder's stream buffer is held between encodes";
   // a transient on top of the last sample raises the peak by exactly that much
   CometStatistics<float> stats(on->net().get(), on->comet()->param());
-  stats.Sample(on->comet()->entries(), std::vector<const SyncedMemory*>());
+  stats.Sample(on->comet()->entries(), std::vector<const SyncedMemory*>(),
+               std::vector<const SyncedMemory*>());
   const size_t total = stats.memory().total();
   ASSERT_EQ(stats.memory().peak_total, total);
   stats.NoteTransient(12345);
@@ -3461,7 +3464,7 @@ TEST(CometStatisticsTest, EachMemoryCountsOnceAlsoAfterAReshape) {
     if (k >= 3) net.blob_by_name("aux")->ShareData(*net.blob_by_name("data"));
     net.ForwardBackward();
     for (int again = 0; again < 2; ++again) {
-      stats.Sample(no_entries, no_buffers);
+      stats.Sample(no_entries, no_buffers, no_buffers);
       for (int kind = CometMemory::WEIGHTS; kind <= CometMemory::GRADIENTS; ++kind)
         EXPECT_EQ(stats.memory().current[kind], expected(kind))
             << CometMemory::name(kind) << ", batch " << batches[k];
@@ -4218,6 +4221,49 @@ void CometStoreTest::CheckSqueezeExcitation() {
 
 TEST_F(CometStoreTest, AScaleByASecondBottomStoresItsInputLossy) { CheckSqueezeExcitation(); }
 
+// Convolution and Deconvolution keep col_buffer_ (one image's im2col, for a 3x3 kernel nine times
+// the input image) for good, one per layer, but each pass writes all of it before reading it and
+// layers run one at a time: the store gives them one buffer, as large as the largest of theirs.
+// So for a frozen convolution between learning ones (its backward computes only the input's
+// gradient), a Deconvolution and a 1x1 convolution (whose backward allocates the buffer without
+// using it). Lossless training is COMET off's bit for bit.
+void CometStoreTest::CheckConvColumns() {
+  const std::string net = ActivationNet(
+      "columns",
+      "layer { name: 'frozen' type: 'Convolution' bottom: 'conv1' top: 'frozen' "
+      "param { lr_mult: 0 } param { lr_mult: 0 } convolution_param { num_output: 8 "
+      "kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'up' type: 'Deconvolution' bottom: 'frozen' top: 'up' convolution_param { "
+      "num_output: 8 kernel_size: 2 stride: 2 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'point' type: 'Convolution' bottom: 'up' top: 'point' convolution_param { "
+      "num_output: 8 kernel_size: 1 weight_filler { type: 'gaussian' std: 0.3 } } } ",
+      "point", "layer { name: 'relu2' type: 'ReLU' bottom: 'conv2' top: 'conv2' } ", "conv2");
+  shared_ptr<Solver<float> > off, exact;
+  ASSERT_NO_FATAL_FAILURE(TrainLosslessAndOff(net, &exact, &off));
+  const char* convs[] = {"conv1", "frozen", "up", "point", "conv2"};
+  caffe::Net<float>* n = exact->net().get();
+  n->Forward();
+  n->Backward();
+  int largest = 0;
+  const SyncedMemory* shared = NULL;
+  for (int c = 0; c < 5; ++c) {
+    const Blob<float>* cols = CometLayerAccess<float>::columns(n->layer_by_name(convs[c]).get());
+    largest = std::max(largest, cols->count());
+    if (c == 0) shared = cols->data().get();
+    EXPECT_EQ(cols->data().get(), shared) << convs[c] << " has a column buffer of its own";
+  }
+  // conv2's: 8 x 3 x 3 inputs at each of 32 x 32 positions, the largest
+  EXPECT_EQ(largest, 72 * 32 * 32);
+  EXPECT_EQ(shared->size(), largest * sizeof(float));
+  // COMET off: one each
+  const Layer<float>* a = off->net()->layer_by_name("conv1").get();
+  const Layer<float>* b = off->net()->layer_by_name("conv2").get();
+  EXPECT_NE(CometLayerAccess<float>::columns(const_cast<Layer<float>*>(a))->data(),
+            CometLayerAccess<float>::columns(const_cast<Layer<float>*>(b))->data());
+}
+
+TEST_F(CometStoreTest, ConvolutionsShareOneColumnBuffer) { CheckConvColumns(); }
+
 // A convolution with frozen weights between learning layers, and a fixed bilinear upsampling
 // Deconvolution (FCN's, lr_mult 0): their backward computes the input's gradient only, from the
 // weights and the output's gradient (patch 0036), so their inputs are kept as ReLU's sign masks
@@ -4567,6 +4613,7 @@ TEST_F(CometGPUTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) {
 TEST_F(CometGPUTest, SwishStoresItsInputAndFreesItsSigmoidBuffers) { CheckSwish(); }
 TEST_F(CometGPUTest, MVNFreesItsTempBetweenThePasses) { CheckMVNTemp(); }
 TEST_F(CometGPUTest, AScaleByASecondBottomStoresItsInputLossy) { CheckSqueezeExcitation(); }
+TEST_F(CometGPUTest, ConvolutionsShareOneColumnBuffer) { CheckConvColumns(); }
 TEST_F(CometGPUTest, AFrozenLayerBetweenLearningOnesDoesNotKeepItsInput) {
   CheckFrozenMiddleLayers();
 }
