@@ -113,22 +113,26 @@ def test_the_frozen_net_freezes_what_comes_before_its_cut(wf_pb2):
     assert all(p.lr_mult != 0 for l in param.layer[cut:] for p in l.param)  # the rest as the model has it
 
 
-def test_the_prelu_net_is_the_quick_net_with_prelus_and_its_own_starting_bound(wf_pb2):
-    net, plain = zoo_check.BY_NAME["cifar10_quick_prelu"], zoo_check.BY_NAME["cifar10_quick"]
-    a, b = zoo_check.train_net(net, wf_pb2), zoo_check.train_net(plain, wf_pb2)
+def _quick_net_with(name, wf_pb2, neuron):
+    """The TRAIN nets of zoo net `name` and of cifar10_quick, after checking that they have the same layers and
+    that `name` swaps exactly the three ReLUs for `neuron` layers."""
+    a = zoo_check.train_net(zoo_check.BY_NAME[name], wf_pb2)
+    b = zoo_check.train_net(zoo_check.BY_NAME["cifar10_quick"], wf_pb2)
     assert [l.name for l in a.layer] == [l.name for l in b.layer]
     swapped = [(x.type, y.type) for x, y in zip(a.layer, b.layer) if x.type != y.type]
-    assert swapped == [("PReLU", "ReLU")] * 3
+    assert swapped == [(neuron, "ReLU")] * 3
+    return a, b
+
+
+def test_the_prelu_net_is_the_quick_net_with_prelus_and_its_own_starting_bound(wf_pb2):
+    net, plain = zoo_check.BY_NAME["cifar10_quick_prelu"], zoo_check.BY_NAME["cifar10_quick"]
+    a, b = _quick_net_with("cifar10_quick_prelu", wf_pb2, "PReLU")
     assert all(list(x.top) == list(x.bottom) for x in a.layer if x.type == "PReLU")  # in place, as the ReLUs
     assert 0 < net.start_bound < 1e-3 and plain.start_bound == 0
 
 
 def test_the_swish_net_is_the_quick_net_with_swish_out_of_place(wf_pb2):
-    net, plain = zoo_check.BY_NAME["cifar10_quick_swish"], zoo_check.BY_NAME["cifar10_quick"]
-    a, b = zoo_check.train_net(net, wf_pb2), zoo_check.train_net(plain, wf_pb2)
-    assert [l.name for l in a.layer] == [l.name for l in b.layer]
-    swapped = [(x.type, y.type) for x, y in zip(a.layer, b.layer) if x.type != y.type]
-    assert swapped == [("Swish", "ReLU")] * 3
+    a, b = _quick_net_with("cifar10_quick_swish", wf_pb2, "Swish")
     for i, layer in enumerate(a.layer):
         if layer.type != "Swish":
             continue
@@ -138,10 +142,7 @@ def test_the_swish_net_is_the_quick_net_with_swish_out_of_place(wf_pb2):
 
 
 def test_the_in_place_swish_net_swaps_the_relus_types_alone(wf_pb2):
-    net, plain = zoo_check.BY_NAME["cifar10_quick_swish_in_place"], zoo_check.BY_NAME["cifar10_quick"]
-    a, b = zoo_check.train_net(net, wf_pb2), zoo_check.train_net(plain, wf_pb2)
-    swapped = [(x.type, y.type) for x, y in zip(a.layer, b.layer) if x.type != y.type]
-    assert swapped == [("Swish", "ReLU")] * 3
+    a, b = _quick_net_with("cifar10_quick_swish_in_place", wf_pb2, "Swish")
     for x, y in zip(a.layer, b.layer):
         assert (x.name, list(x.bottom), list(x.top)) == (y.name, list(y.bottom), list(y.top))  # in place, as the ReLUs
 

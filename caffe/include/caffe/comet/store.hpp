@@ -152,6 +152,8 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   Blob<Dtype> columns_;
   int columns_max_;
   void ShareColumns(int layer);
+  Blob<Dtype>* ColumnsOf(int layer) const;
+  void GrowColumns(int count);
   // Sample's private buffers, and those of them that are scratch, kept to spare an allocation
   std::vector<const SyncedMemory*> sample_buffers_, sample_scratch_;
   shared_ptr<Reader> reader_;

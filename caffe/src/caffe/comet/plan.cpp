@@ -301,9 +301,16 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
       case CometLayerFacts::DROPOUT_MASK: e.action = CometActions::BINARY; e.blob = e.name + " mask"; break;
       case CometLayerFacts::LRN_SCALE: e.action = CometActions::RECOMPUTE; e.blob = e.name + " scale"; break;
       case CometLayerFacts::LRN_WITHIN:  // named below
-      case CometLayerFacts::SWISH_SIGMOID: e.action = CometActions::RECOMPUTE; break;
-      case CometLayerFacts::BN_TEMP:
-      case CometLayerFacts::MVN_TEMP: e.action = CometActions::REBUILD; e.blob = e.name + " temp"; break;
+        e.action = CometActions::RECOMPUTE;
+        e.unread = plan.facts[i].lrn_from_input;
+        break;
+      case CometLayerFacts::SWISH_SIGMOID: e.action = CometActions::RECOMPUTE; e.unread = true; break;
+      case CometLayerFacts::BN_TEMP: e.action = CometActions::REBUILD; e.blob = e.name + " temp"; break;
+      case CometLayerFacts::MVN_TEMP:
+        e.action = CometActions::REBUILD;
+        e.blob = e.name + " temp";
+        e.unread = true;
+        break;
       case CometLayerFacts::SCALE_COPY: {
         // In place, Scale copies its input: when BatchNorm wrote it (no layer in between), the
         // copy is bit for bit BatchNorm's x_norm_, which lives until BatchNorm's backward.
@@ -361,11 +368,9 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         e.buffer = CometActions::RECOMPUTE;
         e.action = runs_backward ? CometActions::RECOMPUTE : CometActions::RELEASE;
         e.eb_layers.clear();
+        e.unread = true;
       }
       e.part = part;
-      e.unread = (lrn_within && plan.facts[i].lrn_from_input) || sigmoids ||
-                 (swish_in_place && part == 1) ||
-                 plan.facts[i].private_buffer == CometLayerFacts::MVN_TEMP;
       plan.private_of_layer[i].push_back(plan.entries.size());
       plan.after_forward[i].push_back(plan.entries.size());
       if (runs_backward) plan.after_backward[i].push_back(plan.entries.size());
@@ -548,13 +553,12 @@ std::string DescribeCometPlan(const CometPlan& plan, const Net<Dtype>& net,
       os << "freed after " << en.name << " forward, rebuilt before its backward";
       if (en.source >= 0) os << " from " << net.layer_names()[en.source] << "'s output";
     } else if (en.action == CometActions::RECOMPUTE && en.unread &&
-               plan.facts[en.layer].private_buffer == CometLayerFacts::SWISH_SIGMOID) {
+               (plan.facts[en.layer].private_buffer == CometLayerFacts::SWISH_SIGMOID ||
+                plan.facts[en.layer].private_buffer == CometLayerFacts::SWISH_IN_PLACE)) {
       os << "freed after " << en.name << " forward, not read: " << en.name
-         << "'s backward works from its input";
-    } else if (en.action == CometActions::RECOMPUTE && en.unread &&
-               plan.facts[en.layer].private_buffer == CometLayerFacts::SWISH_IN_PLACE) {
-      os << "freed after " << en.name << " forward, not read: " << en.name
-         << "'s backward works from its sigmoid's input";
+         << "'s backward works from its "
+         << (plan.facts[en.layer].private_buffer == CometLayerFacts::SWISH_IN_PLACE
+                 ? "sigmoid's input" : "input");
     } else if (en.action == CometActions::RECOMPUTE && en.unread) {
       os << "freed after " << en.name << " forward, not read: the store computes " << en.name
          << "'s backward from its input";

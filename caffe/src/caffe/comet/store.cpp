@@ -387,14 +387,9 @@ void CometStore<Dtype>::MakePlan() {
   FinishAll();  // jobs name entries of the old plan
   plan_ = MakeCometPlan(*net_, param_, data_aliases_, diff_aliases_);
   // The shared column buffer as large as the largest any convolution has now (ShareColumns).
-  for (int i = 0; i < plan_.facts.size() && param_.layer_buffers(); ++i) {
-    const Blob<Dtype>* cols = CometLayerAccess<Dtype>::columns(net_->layers()[i].get());
-    if (plan_.facts[i].private_buffer == CometLayerFacts::CONV_COLUMNS && cols &&
-        cols->count() > columns_max_) {
-      columns_max_ = cols->count();
-    }
+  for (int i = 0; i < plan_.facts.size(); ++i) {
+    if (const Blob<Dtype>* cols = ColumnsOf(i)) GrowColumns(cols->count());
   }
-  if (columns_max_) columns_.Reshape(std::vector<int>(1, columns_max_));
   // What the old plan stored stays with the entry of the same memory; bounds keep their value.
   std::map<std::string, Entry> old;
   for (int e = 0; e < entries_.size(); ++e) old[entries_[e].blob] = entries_[e];
@@ -1184,8 +1179,8 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     Entry& e = entries_[own[k]];
     if (e.action != REBUILD || PrivateBuffer(e)->head() != SyncedMemory::UNINITIALIZED) continue;
     if (e.unread) {
-      // MVN's temp_, a convolution's columns: the backward writes them whole first, into fresh
-      // memory, made now so that the decodes ahead below see it in use.
+      // MVN's temp_: the backward writes it whole first, into fresh memory, made now so that the
+      // decodes ahead below see it in use.
       SyncedMemory* mem = PrivateBuffer(e);
       CometMarkFill(mem);
       if (Caffe::mode() == Caffe::CPU) mem->mutable_cpu_data();
@@ -1446,7 +1441,7 @@ void CometStore<Dtype>::Sample() {
   for (int e = 0; e < entries_.size(); ++e) {
     const Entry& en = entries_[e];
     if (en.layer < 0) continue;
-    // MVN's temp_ and a convolution's columns: scratch of one pass, not an activation
+    // MVN's temp_: scratch of one pass, not an activation
     (en.buffer == REBUILD && en.unread ? sample_scratch_ : sample_buffers_).push_back(PrivateBuffer(en));
   }
   if (columns_max_) sample_scratch_.push_back(columns_.data().get());
@@ -1461,16 +1456,28 @@ void CometStore<Dtype>::Sample() {
 // a layer that grows past it allocates its own again, until its next pass.
 template <typename Dtype>
 void CometStore<Dtype>::ShareColumns(int layer) {
-  if (!param_.layer_buffers() || plan_.facts[layer].private_buffer != CometLayerFacts::CONV_COLUMNS)
-    return;
-  Blob<Dtype>* cols = CometLayerAccess<Dtype>::columns(net_->layers()[layer].get());
+  Blob<Dtype>* cols = ColumnsOf(layer);
   if (!cols || cols->count() == 0) return;
-  if (cols->count() > columns_max_) {
-    columns_max_ = cols->count();
-    columns_.Reshape(std::vector<int>(1, columns_max_));
-  }
+  GrowColumns(cols->count());
   columns_.Reshape(cols->shape());  // within its capacity: the same memory
   if (cols->data() != columns_.data()) cols->ShareData(columns_);
+}
+
+// The column buffer of layer i when the store shares it (a convolution of Caffe's engine, with
+// layer_buffers), else NULL.
+template <typename Dtype>
+Blob<Dtype>* CometStore<Dtype>::ColumnsOf(int i) const {
+  if (!param_.layer_buffers() || plan_.facts[i].private_buffer != CometLayerFacts::CONV_COLUMNS)
+    return NULL;
+  return CometLayerAccess<Dtype>::columns(net_->layers()[i].get());
+}
+
+// The shared column buffer at least `count` values large (its largest count so far).
+template <typename Dtype>
+void CometStore<Dtype>::GrowColumns(int count) {
+  if (count <= columns_max_) return;
+  columns_max_ = count;
+  columns_.Reshape(std::vector<int>(1, columns_max_));
 }
 
 template <typename Dtype>
