@@ -171,6 +171,61 @@ def add_squeeze_excitation(layers, reduction: int = 16) -> int:
     return made
 
 
+def make_depthwise_separable(layers) -> int:
+    """MobileNet's convolutions (Howard et al., "MobileNets"), in `layers` (a list, changed in place): every
+    Convolution with a kernel larger than 1x1 and no groups, but those that read a data layer's top (the stem
+    stays a full convolution), becomes a depthwise one (a group per input channel, the same kernel, stride,
+    padding and dilation, no bias) with BatchNorm, Scale and ReLU in place, then the original layer as a 1x1
+    pointwise convolution (its name, outputs and weight filler kept: the layers after it are unchanged).
+    Input channels are followed through the net: a Convolution's or InnerProduct's top has num_output,
+    a Concat's top the sum of its bottoms, any other layer's tops those of its first bottom. Returns how many
+    convolutions it split."""
+    channels: dict[str, int] = {}
+    from_data: set[str] = set()
+    made = 0
+    i = 0
+    while i < len(layers):
+        layer = layers[i]
+        cp = layer.convolution_param
+        kernel = (cp.kernel_h, cp.kernel_w) if cp.kernel_h else (tuple(cp.kernel_size) * 2)[:2]
+        if (layer.type == "Convolution" and cp.group == 1 and max(kernel or (1,)) > 1
+                and layer.bottom[0] not in from_data and layer.bottom[0] in channels):
+            c = channels[layer.bottom[0]]
+            new = type(layer)
+            dw = f"{layer.name}_dw"
+            depthwise = new(name=dw, type="Convolution", bottom=[layer.bottom[0]], top=[dw])
+            depthwise.convolution_param.CopyFrom(cp)
+            depthwise.convolution_param.num_output = c
+            depthwise.convolution_param.group = c
+            depthwise.convolution_param.bias_term = False
+            depthwise.convolution_param.ClearField("bias_filler")
+            depthwise.convolution_param.weight_filler.type = "msra"
+            bn = new(name=f"{dw}_bn", type="BatchNorm", bottom=[dw], top=[dw])
+            scale = new(name=f"{dw}_scale", type="Scale", bottom=[dw], top=[dw])
+            scale.scale_param.bias_term = True
+            relu = new(name=f"{dw}_relu", type="ReLU", bottom=[dw], top=[dw])
+            for field in ("kernel_size", "stride", "pad", "dilation", "kernel_h", "kernel_w", "stride_h",
+                          "stride_w", "pad_h", "pad_w"):
+                cp.ClearField(field)
+            cp.kernel_size.append(1)
+            layer.bottom[0] = dw
+            layers[i:i] = [depthwise, bn, scale, relu]
+            channels[dw] = c
+            i += 4
+            made += 1
+        if not layer.bottom:
+            from_data.update(layer.top)
+        elif layer.type in ("Convolution", "InnerProduct"):
+            out = cp.num_output if layer.type == "Convolution" else layer.inner_product_param.num_output
+            channels.update({t: out for t in layer.top})
+        elif layer.type == "Concat" and all(b in channels for b in layer.bottom):
+            channels.update({t: sum(channels[b] for b in layer.bottom) for t in layer.top})
+        elif layer.bottom[0] in channels:
+            channels.update({t: channels[layer.bottom[0]] for t in layer.top})
+        i += 1
+    return made
+
+
 def meets_train_rule(rule, pb2, state=None) -> bool:
     """Caffe's StateMeetsRule for `state` (a NetState: net_state below), by default the TRAIN state
     {phase: TRAIN, level: 0, no stages}."""

@@ -6,6 +6,9 @@ then with one:
   resnet: the shipped ResNet-18 (models/resnet18_dogs: BatchNorm, Scale, Eltwise shortcuts),
   resnet_se: the same with SENet's channel attention on every residual branch (a Scale by a
       second bottom, caffeproto.add_squeeze_excitation),
+  resnet_depthwise: the same with MobileNet's convolutions: each 3x3 one but the stem split into a
+      depthwise 3x3 (a group per channel) with BatchNorm, Scale and ReLU, and a 1x1
+      (caffeproto.make_depthwise_separable),
   googlenet: upstream's GoogLeNet (models/bvlc_googlenet in the patched tree: Inception branches
       through Split and Concat, three losses),
   cifar10_sigmoid: upstream's CIFAR-10 net with Sigmoid and BatchNorm without Scale
@@ -29,8 +32,8 @@ benchmark's own memory does not count). Reported per run: peak RSS, the store's 
 storage (COMET runs), seconds per iteration after warm-up (wall clock, median), and the CPU seconds
 (user + system) of the whole run, which another tenant's load on a shared machine disturbs less.
 
-    scripts/bench_memory [--model caffenet|resnet|resnet_se|googlenet|cifar10_sigmoid|cifar10_prelu|cifar10_swish|
-                                  cifar10_swish_in_place|cifar10_full]
+    scripts/bench_memory [--model caffenet|resnet|resnet_se|resnet_depthwise|googlenet|cifar10_sigmoid|
+                                  cifar10_prelu|cifar10_swish|cifar10_swish_in_place|cifar10_full]
                          [--batches 64 256]
                          [--iters 3]
                          [--warmup 1] [--repeat 1] [--data images|noise] [--pool-headroom 0]
@@ -101,6 +104,8 @@ MODELS = {
     "caffenet": ("CaffeNet", "repo", "models/bvlc_reference_caffenet/train_val.prototxt"),
     "resnet": ("ResNet-18", "repo", "models/resnet18_dogs/train_val.prototxt"),
     "resnet_se": ("ResNet-18 with squeeze-and-excitation", "repo", "models/resnet18_dogs/train_val.prototxt"),
+    "resnet_depthwise": ("ResNet-18 with depthwise-separable convolutions", "repo",
+                         "models/resnet18_dogs/train_val.prototxt"),
     "googlenet": ("GoogLeNet", "upstream", "models/bvlc_googlenet/train_val.prototxt"),
     "cifar10_sigmoid": ("CIFAR-10 (Sigmoid, BatchNorm)", "upstream",
                         "examples/cifar10/cifar10_full_sigmoid_train_test_bn.prototxt"),
@@ -119,6 +124,7 @@ CROP = {"cifar10_sigmoid": 32, "cifar10_prelu": 32, "cifar10_swish": 32, "cifar1
 NEURON = {"cifar10_prelu": "PReLU", "cifar10_swish": "Swish", "cifar10_swish_in_place": "Swish"}
 OUT_OF_PLACE = {"cifar10_swish"}
 SQUEEZE_EXCITATION = {"resnet_se"}  # nets given SENet's channel attention
+DEPTHWISE = {"resnet_depthwise"}  # nets given MobileNet's depthwise-separable convolutions
 
 
 def model_file(model: str, variant: str | None) -> Path:
@@ -132,7 +138,7 @@ def model_file(model: str, variant: str | None) -> Path:
 def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path,
              frozen_before: str | None = None, bn_global_stats: bool = False,
              crop: int | None = None, neuron: str | None = None, out_of_place: bool = False,
-             squeeze_excitation: bool = False) -> str:
+             squeeze_excitation: bool = False, depthwise: bool = False) -> str:
     net = pb2.NetParameter()
     text_format.Merge(model_path.read_text(), net)
     layers = []
@@ -161,6 +167,8 @@ def make_net(pb2, text_format, batch: int, images: Path | None, model_path: Path
         caffeproto.replace_relus(layers, neuron, out_of_place=out_of_place)
     if squeeze_excitation:
         caffeproto.add_squeeze_excitation(layers)
+    if depthwise:
+        caffeproto.make_depthwise_separable(layers)
     if frozen_before:
         try:
             caffeproto.freeze_layers_before(layers, frozen_before)
@@ -271,7 +279,8 @@ def main() -> int:
             stats = make_net(pb2, text_format, args.batches[0], images, model_path, args.freeze_before,
                              crop=CROP.get(args.model), neuron=NEURON.get(args.model),
                              out_of_place=args.model in OUT_OF_PLACE,
-                             squeeze_excitation=args.model in SQUEEZE_EXCITATION)
+                             squeeze_excitation=args.model in SQUEEZE_EXCITATION,
+                             depthwise=args.model in DEPTHWISE)
             run(caffe, work, "statistics", stats, None, 3, args.gpu, snapshot=True)
             weights = work / "statistics_iter_3.caffemodel"
             print(f"BatchNorm statistics of 3 training iterations at batch {args.batches[0]}: {weights.name}",
@@ -280,7 +289,8 @@ def main() -> int:
             net = make_net(pb2, text_format, batch, images, model_path, args.freeze_before, args.bn_global_stats,
                            crop=CROP.get(args.model), neuron=NEURON.get(args.model),
                            out_of_place=args.model in OUT_OF_PLACE,
-                           squeeze_excitation=args.model in SQUEEZE_EXCITATION)
+                           squeeze_excitation=args.model in SQUEEZE_EXCITATION,
+                           depthwise=args.model in DEPTHWISE)
             modes = ["off"] + list(blocks)
             runs = {m: {"times": [], "rss": 0, "cpu": []} for m in modes}
             for rep in range(args.repeat):  # off, on, off, on, ...: drift hits both alike

@@ -1,7 +1,8 @@
 """How far COMET moves a net's weight gradients: one training step, COMET off vs on, side by side.
 
 Two solvers train the shipped CaffeNet or ResNet-18 (resnet_se: with SENet's channel attention on
-each residual branch, as scripts/bench_memory's), upstream's GoogLeNet, or upstream's CIFAR-10
+each residual branch; resnet_depthwise: with MobileNet's depthwise-separable convolutions; both as
+scripts/bench_memory's), upstream's GoogLeNet, or upstream's CIFAR-10
 net with Sigmoid and BatchNorm or its full net with LRN within channels (--model; 10 outputs) on
 the embedded synthetic images at 256x256 (made once, as for scripts/bench_memory; the CIFAR-10 nets
 take random 32x32 crops of them). After `--warmup` steps (the adaptive bounds are measured on them)
@@ -17,7 +18,8 @@ ResNet's BatchNorm layers store their normalised output (x_norm_) lossy at the t
 bound and their Scale's; the table lists those bounds and the weight-gradient error of every layer
 with learnable weights (the errors of BatchNorm's input gradients show in the layers below them).
 
-    scripts/grad_error [--model caffenet|resnet|resnet_se|googlenet|cifar10_sigmoid|cifar10_full] [--batch 32]
+    scripts/grad_error [--model caffenet|resnet|resnet_se|resnet_depthwise|googlenet|cifar10_sigmoid|cifar10_full]
+                       [--batch 32]
                        [--target 0.05] [--max-bound 1] [--warmup 2] [--data-gradients] [--dense LAYER ...]
 
 --dense keeps what the named layers store lossy dense (`comet_param { compress: false }`: a
@@ -42,8 +44,8 @@ from cometctl import paths  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["caffenet", "resnet", "resnet_se", "googlenet", "cifar10_sigmoid",
-                                        "cifar10_full"],
+    ap.add_argument("--model", choices=["caffenet", "resnet", "resnet_se", "resnet_depthwise", "googlenet",
+                                        "cifar10_sigmoid", "cifar10_full"],
                     default="caffenet")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--target", type=float, default=0.05, help="comet.adaptive_target")
@@ -70,6 +72,8 @@ def main() -> int:
     model = {"caffenet": (ROOT / "models/bvlc_reference_caffenet/train_val.prototxt", ("fc8",),
                           "CaffeNet"),
              "resnet": (ROOT / "models/resnet18_dogs/train_val.prototxt", ("fc120",), "ResNet-18"),
+             "resnet_depthwise": (ROOT / "models/resnet18_dogs/train_val.prototxt", ("fc120",),
+                                  "ResNet-18 with depthwise-separable convolutions"),
              "resnet_se": (ROOT / "models/resnet18_dogs/train_val.prototxt", ("fc120",),
                            "ResNet-18 with squeeze-and-excitation"),
              "googlenet": (upstream / "models/bvlc_googlenet/train_val.prototxt",
@@ -81,10 +85,10 @@ def main() -> int:
                               "CIFAR-10 full (LRN within channels)")}
     net_file, classifiers, title = model[args.model]
     text_format.Merge(net_file.read_text(), net)
-    if args.model == "resnet_se":
-        from cometctl.caffeproto import add_squeeze_excitation
+    if args.model in ("resnet_se", "resnet_depthwise"):
+        from cometctl.caffeproto import add_squeeze_excitation, make_depthwise_separable
         layers = list(net.layer)
-        add_squeeze_excitation(layers)
+        (add_squeeze_excitation if args.model == "resnet_se" else make_depthwise_separable)(layers)
         del net.layer[:]
         net.layer.extend(layers)
     for layer in net.layer:

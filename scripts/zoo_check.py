@@ -130,6 +130,8 @@ class ZooNet:
     swish: bool = False
     # every ReLU made a Swish in place (a ReLU's type swapped): its backward works from its sigmoid's input
     swish_in_place: bool = False
+    # MobileNet's convolutions: each 3x3 but the stem a depthwise one (a group per channel) and a 1x1
+    depthwise: bool = False
     # the COMET run's starting bound (error_bound) when not the check's: where the first step,
     # whose bounds no rule has measured yet, needs a smaller one to stay under the target
     start_bound: float = 0.0
@@ -215,6 +217,10 @@ NETS = [
            {"data": _image(3, 112, 112), "label": ("label", 120)}, base_lr=1e-4, freeze_before="res4a_branch2a",
            note="fine-tuning: conv1 to res3 frozen (lr_mult 0, BatchNorm's three too); their blobs and "
                 "buffers freed after their forward"),
+    ZooNet("resnet18_depthwise", "repo:models/resnet18_dogs/train_val.prototxt", 4,
+           {"data": _image(3, 112, 112), "label": ("label", 120)}, base_lr=1e-4, depthwise=True,
+           note="MobileNet's convolutions: each 3x3 but the stem split into a depthwise 3x3 (a group per "
+                "channel) with BatchNorm, Scale and ReLU, and a 1x1"),
     ZooNet("hdf5_nonlinear", "upstream:examples/hdf5_classification/nonlinear_auto_train.prototxt", 10,
            {"data": ("gauss", (4,), 1.0), "label": ("label", 2)}, base_lr=0.01,
            note="HDF5Data; InnerProduct only; Accuracy in TRAIN reads the loss's input"),
@@ -263,7 +269,7 @@ def dummy_layer(name: str, tops, net: ZooNet, pb2):
 
 def train_net(net: ZooNet, pb2):
     """The TRAIN net of `net`, its data layers replaced by DummyData: a NetParameter."""
-    from cometctl.caffeproto import read_text_proto, replace_relus
+    from cometctl.caffeproto import make_depthwise_separable, read_text_proto, replace_relus
 
     src = read_text_proto(source_path(net), pb2.NetParameter())
     out = pb2.NetParameter()
@@ -290,6 +296,11 @@ def train_net(net: ZooNet, pb2):
         replace_relus(out.layer, "PReLU")
     if net.swish or net.swish_in_place:
         replace_relus(out.layer, "Swish", out_of_place=net.swish)
+    if net.depthwise:
+        layers = list(out.layer)
+        make_depthwise_separable(layers)
+        del out.layer[:]
+        out.layer.extend(layers)
     missing = set(net.tops) - set(replaced) - set(src.input)
     if missing:
         raise ValueError(f"{net.name}: no data layer makes {', '.join(sorted(missing))}")

@@ -23,7 +23,7 @@ ZOO = {"caffenet", "alexnet", "googlenet", "flickr_style", "cifar10_quick", "cif
        "cifar10_quick_swish", "cifar10_quick_swish_in_place", "cifar10_full",
        "cifar10_sigmoid", "cifar10_sigmoid_bn", "lenet",
        "mnist_autoencoder", "siamese", "comet_tiny", "caffenet_dogs", "resnet18_dogs", "resnet18_frozen",
-       "hdf5_nonlinear", "pycaffe_linreg"}
+       "resnet18_depthwise", "hdf5_nonlinear", "pycaffe_linreg"}
 
 
 def _run(*args, timeout=1200):
@@ -111,6 +111,34 @@ def test_the_frozen_net_freezes_what_comes_before_its_cut(wf_pb2):
     assert {l.type for l in before} == {"Convolution", "BatchNorm", "Scale"}
     assert all(p.lr_mult == 0 for l in before for p in l.param)
     assert all(p.lr_mult != 0 for l in param.layer[cut:] for p in l.param)  # the rest as the model has it
+
+
+@WF_NEEDS_BUILD
+def test_the_depthwise_net_is_resnet18_with_mobilenet_convolutions(wf_pb2, tmp_path):
+    """Built by Caffe: each of ResNet-18's sixteen 3x3 convolutions after the stem is a depthwise 3x3 (one filter
+    per input channel, the stride of the convolution it replaces) with BatchNorm, Scale and ReLU in place, then a
+    1x1 of the same name whose output has the shape the 3x3 had; the stem and the 1x1 projections are unchanged."""
+    from cometctl.caffeproto import import_caffe, write_text_proto
+
+    caffe = import_caffe()
+    caffe.set_mode_cpu()
+    nets = {}
+    for name in ("resnet18_depthwise", "resnet18_dogs"):
+        write_text_proto(tmp_path / f"{name}.prototxt", zoo_check.train_net(zoo_check.BY_NAME[name], wf_pb2))
+        nets[name] = caffe.Net(str(tmp_path / f"{name}.prototxt"), caffe.TRAIN)
+    dw, plain = nets["resnet18_depthwise"], nets["resnet18_dogs"]
+    split = [n for n in plain.params if plain.params[n][0].data.shape[2:] == (3, 3)]
+    assert len(split) == 16 and "conv1" not in split
+    layers = dict(zip(dw._layer_names, dw.layers))
+    for name in split:
+        c = plain.params[name][0].data.shape[1]  # its input channels
+        assert dw.params[f"{name}_dw"][0].data.shape == (c, 1, 3, 3)
+        assert [layers[f"{name}_dw{s}"].type for s in ("_bn", "_scale", "_relu")] == ["BatchNorm", "Scale", "ReLU"]
+        assert dw.params[name][0].data.shape == (plain.params[name][0].data.shape[0], c, 1, 1)
+        assert dw.blobs[dw.top_names[name][0]].data.shape == plain.blobs[plain.top_names[name][0]].data.shape
+        assert dw.blobs[f"{name}_dw"].data.shape[1] == c
+    for name in set(plain.params) - set(split):
+        assert [p.data.shape for p in dw.params[name]] == [p.data.shape for p in plain.params[name]], name
 
 
 def _quick_net_with(name, wf_pb2, neuron):

@@ -2,6 +2,7 @@
 // weights (include/caffe/comet/error_model.hpp).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "caffe/common.hpp"
@@ -12,23 +13,32 @@
 namespace caffe {
 
 namespace {
-// The channels a sample reads: whole channels (values_per_channel each), at most `cap` values and
-// at least one channel, spread evenly over the middle group in at most 32 runs of neighbours
-// (an Inception output concatenates branches whose errors differ: a block of neighbours would
-// see one branch only). Runs keep the copies from device memory few.
-std::vector<int> Spread(int channels, int group, size_t values_per_channel, size_t cap) {
-  const int per_group = std::max(channels / std::max(group, 1), 1);
-  const int count = static_cast<int>(std::max<size_t>(
-      1, std::min<size_t>(per_group, cap / std::max<size_t>(values_per_channel, 1))));
-  const int runs = std::min(count, 32);
-  const int first = (group / 2) * per_group;
+// `count` of a layer's `group` groups, spread evenly over them (the middle one when one).
+std::vector<int> PickGroups(int group, int count) {
   std::vector<int> picked;
-  for (int r = 0; r < runs; ++r) {
-    // Run r of about count / runs channels, centred in its slot of about per_group / runs: all
-    // channels when count is per_group.
-    const int slot = first + per_group * r / runs, slot_end = first + per_group * (r + 1) / runs;
-    const int run = std::min(count * (r + 1) / runs - count * r / runs, slot_end - slot);
-    for (int i = 0; i < run; ++i) picked.push_back(slot + (slot_end - slot - run) / 2 + i);
+  for (int k = 0; k < count; ++k)
+    picked.push_back(static_cast<int>((2 * k + 1) * static_cast<int64_t>(group) / (2 * count)));
+  return picked;
+}
+
+// The channels a sample reads: about `count` whole channels (at least one in each group), split
+// evenly over `groups` (of per_group channels each), spread over each in runs of neighbours,
+// 32 runs at most but one a group (an Inception output concatenates branches whose errors differ: a block of
+// neighbours would see one branch only). Runs keep the copies from device memory few.
+std::vector<int> Spread(const std::vector<int>& groups, int per_group, int count) {
+  std::vector<int> picked;
+  const int ng = groups.size();
+  for (int k = 0; k < ng; ++k) {
+    const int in_group = std::min(std::max(count * (k + 1) / ng - count * k / ng, 1), per_group);
+    const int runs = std::min(in_group, std::max(32 / ng, 1));
+    const int first = groups[k] * per_group;
+    for (int r = 0; r < runs; ++r) {
+      // Run r of about in_group / runs channels, centred in its slot of about per_group / runs:
+      // all channels when in_group is per_group.
+      const int slot = first + per_group * r / runs, slot_end = first + per_group * (r + 1) / runs;
+      const int run = std::min(in_group * (r + 1) / runs - in_group * r / runs, slot_end - slot);
+      for (int i = 0; i < run; ++i) picked.push_back(slot + (slot_end - slot - run) / 2 + i);
+    }
   }
   return picked;
 }
@@ -58,9 +68,21 @@ CometErrorSample CometSampleInput(const float* x, bool on_device, int num, int c
   CometErrorSample s;
   if (!(eb > 0) || num <= 0 || channels <= 0 || height <= 0 || width <= 0) return s;
   const size_t plane = static_cast<size_t>(height) * width;
-  s.images = std::min(num, kCometSampleImages);
-  s.channels = Spread(channels, g.kind == CometWeightGeometry::CONVOLUTION ? g.group : 1,
-                      s.images * plane, kCometErrorSample);
+  const int group = g.kind == CometWeightGeometry::CONVOLUTION ? std::max(g.group, 1) : 1;
+  const int per_group = std::max(channels / group, 1);
+  const int wanted = std::min(group, kCometSampleGroups);
+  int images = std::min(num, kCometSampleImages);
+  // A grouped layer: a larger sample, and fewer images before fewer groups.
+  const size_t cap = group > 1 ? kCometGroupedSample : kCometErrorSample;
+  while (group > 1 && images > 2 && cap / (images * plane) < wanted) --images;
+  const int count = static_cast<int>(std::max<size_t>(
+      1, std::min<size_t>(static_cast<size_t>(per_group) * group, cap / (images * plane))));
+  const int ngroups = std::min(group, std::max(std::min(wanted, count),
+                                               (count + per_group - 1) / per_group));
+  s.images = images;
+  s.per_group = per_group;
+  s.groups = PickGroups(group, ngroups);
+  s.channels = Spread(s.groups, per_group, count);
   s.x = GatherChannels(x, on_device, s.images, channels, plane, s.channels);
   s.eb = eb;
   s.signs = signs;
@@ -82,89 +104,78 @@ std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy
                                       const CometWeightGeometry& g,
                                       const std::vector<double>& bounds) {
   const int nb = bounds.size();
-  // The sample's errors at each bound: nb x values.
   const size_t values = s.x.size();
-  std::vector<float> e(nb * values);
-  for (int b = 0; b < nb; ++b) {
-    // x' as sz restores it (a block holding a NaN or Inf would come back exactly: rare enough
-    // not to model), clamped as the sign mask does
-    float* err = &e[b * values];
-    CHECK_EQ(sz_restore_host(s.x.data(), values, bounds[b], err), SZ_OK);
-    for (size_t i = 0; i < values; ++i) {
-      const float r = s.signs ? comet_mask::apply_sign(err[i], comet_mask::bit_of(s.x[i]), 0)
-                              : err[i];
-      err[i] = r - s.x[i];
-    }
-  }
   const size_t plane = static_cast<size_t>(height) * width;
   const size_t in_plane = static_cast<size_t>(s.height) * s.width;
   const int images = s.images, in_count = s.channels.size();
-  // Per weight and bound: the error is a sum over the num images of per-image parts a_n. From
-  // the sampled images, E[a_n^2] (self) and E[a_n a_m], n != m (cross: what adds coherently
-  // from image to image) give E[(sum a_n)^2] = num self + num (num - 1) cross, exact when every
-  // image is sampled.
-  std::vector<double> self(nb, 0.), cross(nb, 0.), part(nb), sum(nb), sq(nb);
-  double weights = 0;
-  const auto begin_weight = [&]() {
-    std::fill(sum.begin(), sum.end(), 0.);
-    std::fill(sq.begin(), sq.end(), 0.);
-  };
-  const auto end_image = [&]() {
-    for (int b = 0; b < nb; ++b) {
-      sum[b] += part[b];
-      sq[b] += part[b] * part[b];
-    }
-  };
-  const auto end_weight = [&]() {
-    for (int b = 0; b < nb; ++b) {
-      self[b] += sq[b] / images;
-      if (images > 1) cross[b] += (sum[b] * sum[b] - sq[b]) / (images * (images - 1.));
-    }
-    weights += 1;
-  };
-  // Convolution; InnerProduct as a 1x1 convolution of 1x1 maps. Outputs in the group of the
-  // sampled channels; the work, outputs x channels x kernel x images x plane x bounds
-  // products, at most about 2^25.
+  // Convolution; InnerProduct as a 1x1 convolution of 1x1 maps. Each output pairs with the
+  // sampled channels of its own group; the work, outputs x channels x kernel x images x plane x
+  // bounds products, at most about 2^25.
   const bool conv = g.kind == CometWeightGeometry::CONVOLUTION;
   const int kh_n = conv ? g.kernel_h : 1, kw_n = conv ? g.kernel_w : 1;
-  const double per_output = static_cast<double>(in_count) * kh_n * kw_n * images * plane * nb;
+  const int ngroups = s.groups.size();
+  const int out_per_group = std::max(out_channels / (conv ? std::max(g.group, 1) : 1), 1);
+  int in_per_group = 0;  // the most sampled channels in one group
+  for (int k = 0, c = 0; k < ngroups; ++k) {
+    int here = 0;
+    for (; c < in_count && s.channels[c] / s.per_group == s.groups[k]; ++c) ++here;
+    in_per_group = std::max(in_per_group, here);
+  }
+  const double per_output = static_cast<double>(in_per_group) * kh_n * kw_n * images * plane * nb;
   const size_t cap = std::min<double>(kCometGradientSample,
                                       33554432. / per_output * images * plane);
-  const std::vector<int> outputs = Spread(out_channels, conv ? g.group : 1, images * plane, cap);
+  const int budget = static_cast<int>(std::max<size_t>(
+      1, std::min<size_t>(static_cast<size_t>(out_per_group) * ngroups, cap / (images * plane))));
+  const std::vector<int> outputs = Spread(s.groups, out_per_group, budget);
   const int count = outputs.size();
   const std::vector<float> d = GatherChannels(dy, on_device, images, out_channels, plane,
                                               outputs);
-  for (int o = 0; o < count; ++o) {
-    for (int c = 0; c < in_count; ++c) {
-      for (int kh = 0; kh < kh_n; ++kh) {
-        for (int kw = 0; kw < kw_n; ++kw) {
-          begin_weight();
-          for (int n = 0; n < images; ++n) {
-            std::fill(part.begin(), part.end(), 0.);
-            const float* dp = &d[(static_cast<size_t>(n) * count + o) * plane];
-            const size_t ep = (static_cast<size_t>(n) * in_count + c) * in_plane;
-            for (int ph = 0; ph < height; ++ph) {
-              const int ih = conv ? ph * g.stride_h - g.pad_h + kh * g.dilation_h : 0;
-              if (ih < 0 || ih >= s.height) continue;
-              for (int pw = 0; pw < width; ++pw) {
-                const int iw = conv ? pw * g.stride_w - g.pad_w + kw * g.dilation_w : 0;
-                if (iw < 0 || iw >= s.width) continue;
-                const double v = dp[ph * width + pw];
-                const size_t i = ep + ih * s.width + iw;
-                for (int b = 0; b < nb; ++b) part[b] += v * e[b * values + i];
+  // Per weight and bound: the error is a sum over the num images of per-image parts a_n. From
+  // the sampled images, E[a_n^2] (self) and E[a_n a_m], n != m (cross: what adds coherently
+  // from image to image) give E[(sum a_n)^2] = num self + num (num - 1) cross, exact when every
+  // image is sampled. One bound at a time: the sample's errors at it are as large as the sample.
+  std::vector<double> rms(nb);
+  std::vector<float> e(values);
+  for (int b = 0; b < nb; ++b) {
+    // x' as sz restores it (a block holding a NaN or Inf would come back exactly: rare enough
+    // not to model), clamped as the sign mask does
+    CHECK_EQ(sz_restore_host(s.x.data(), values, bounds[b], e.data()), SZ_OK);
+    for (size_t i = 0; i < values; ++i) {
+      const float r = s.signs ? comet_mask::apply_sign(e[i], comet_mask::bit_of(s.x[i]), 0) : e[i];
+      e[i] = r - s.x[i];
+    }
+    double self = 0, cross = 0, weights = 0;
+    for (int o = 0; o < count; ++o) {
+      for (int c = 0; c < in_count; ++c) {
+        if (s.channels[c] / s.per_group != outputs[o] / out_per_group) continue;
+        for (int kh = 0; kh < kh_n; ++kh) {
+          for (int kw = 0; kw < kw_n; ++kw) {
+            double sum = 0, sq = 0;
+            for (int n = 0; n < images; ++n) {
+              double part = 0;
+              const float* dp = &d[(static_cast<size_t>(n) * count + o) * plane];
+              const float* ep = &e[(static_cast<size_t>(n) * in_count + c) * in_plane];
+              for (int ph = 0; ph < height; ++ph) {
+                const int ih = conv ? ph * g.stride_h - g.pad_h + kh * g.dilation_h : 0;
+                if (ih < 0 || ih >= s.height) continue;
+                for (int pw = 0; pw < width; ++pw) {
+                  const int iw = conv ? pw * g.stride_w - g.pad_w + kw * g.dilation_w : 0;
+                  if (iw < 0 || iw >= s.width) continue;
+                  part += static_cast<double>(dp[ph * width + pw]) * ep[ih * s.width + iw];
+                }
               }
+              sum += part;
+              sq += part * part;
             }
-            end_image();
+            self += sq / images;
+            if (images > 1) cross += (sum * sum - sq) / (images * (images - 1.));
+            weights += 1;
           }
-          end_weight();
         }
       }
     }
-  }
-  std::vector<double> rms(nb);
-  const double n = s.num;
-  for (int b = 0; b < nb; ++b) {
-    const double self_b = self[b] / std::max(weights, 1.), cross_b = cross[b] / std::max(weights, 1.);
+    const double n = s.num;
+    const double self_b = self / std::max(weights, 1.), cross_b = cross / std::max(weights, 1.);
     // Noise in a negative cross term can outweigh the rest: never below one image's share.
     rms[b] = std::sqrt(std::max(n * self_b + n * (n - 1) * cross_b, self_b));
   }

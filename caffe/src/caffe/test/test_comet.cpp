@@ -846,7 +846,46 @@ TEST_F(CometPayloadTest, ConvolutionWeightGradientErrorMatchesTheDerivation) {
   cp->set_num_output(4);
   g.stride_h = g.stride_w = g.pad_h = g.pad_w = g.dilation_h = g.dilation_w = g.group = 2;
   shape[1] = 6;
-  CheckGradientError<ConvolutionLayer<float> >(lp, g, shape, 1e-2, 0.15);  // half the weights
+  CheckGradientError<ConvolutionLayer<float> >(lp, g, shape, 1e-2);  // both groups: every weight
+}
+
+// A depthwise convolution (a group per channel, MobileNet's) whose channels differ in scale, as
+// a trained net's do (some nearly dead): each channel's weights err by their own channel's
+// errors, so a sample of one group, its middle channel, says little about the layer. The sample
+// spreads over many groups and lands near the layer's error where it holds a quarter of the
+// channels.
+TEST_F(CometPayloadTest, DepthwiseWeightGradientErrorIsSampledOverGroups) {
+  const int C = 128;
+  LayerParameter lp;
+  ConvolutionParameter* cp = lp.mutable_convolution_param();
+  cp->set_num_output(C);
+  cp->set_group(C);
+  cp->add_kernel_size(3);
+  cp->add_pad(1);
+  cp->set_bias_term(false);
+  cp->mutable_weight_filler()->set_type("gaussian");
+  CometWeightGeometry g;
+  g.kernel_h = g.kernel_w = 3;
+  g.pad_h = g.pad_w = 1;
+  g.group = C;
+  Blob<float> bottom(8, C, 32, 32);
+  FillActivations(&bottom, 0.f, 2.f, 7);
+  // Channel scales over two decades in no order; about a quarter of the channels nearly dead
+  // (below the bound: they err by their own tiny values), the middle one among them.
+  float* x = bottom.mutable_cpu_data();
+  const int plane = 32 * 32;
+  for (int c = 0; c < C; ++c) {
+    const unsigned hash = (static_cast<unsigned>(c) * 2654435761u) >> 16;
+    const bool dead = c == C / 2 || hash % 4 == 0;
+    const float scale = dead ? 1e-4f : std::pow(10.f, (hash % 1000) / 500.f - 1);
+    for (int n = 0; n < 8; ++n)
+      for (int i = 0; i < plane; ++i) x[(n * C + c) * plane + i] *= scale;
+  }
+  const double eb = 2e-3;
+  WeightGradientBench<ConvolutionLayer<float> > bench(lp, bottom, false);
+  const double rms = bench.ErrorAt(eb);
+  const double sampled = bench.Sampled(g, eb, std::vector<double>(1, eb))[0];
+  EXPECT_NEAR(sampled / rms, 1.0, 0.15) << "sampled " << sampled << ", the layer's " << rms;
 }
 
 TEST_F(CometPayloadTest, InnerProductWeightGradientErrorMatchesTheDerivation) {
