@@ -847,6 +847,24 @@ TEST_F(CometPayloadTest, ConvolutionWeightGradientErrorMatchesTheDerivation) {
   g.stride_h = g.stride_w = g.pad_h = g.pad_w = g.dilation_h = g.dilation_w = g.group = 2;
   shape[1] = 6;
   CheckGradientError<ConvolutionLayer<float> >(lp, g, shape, 1e-2);  // both groups: every weight
+  // Inception-v3's asymmetric kernels (1x7 then 7x1, each padded along its long side only).
+  LayerParameter asym;
+  ConvolutionParameter* ap = asym.mutable_convolution_param();
+  ap->set_num_output(4);
+  ap->mutable_weight_filler()->set_type("gaussian");
+  CometWeightGeometry ga;
+  shape[1] = 5;
+  for (int wide = 0; wide < 2; ++wide) {
+    ap->set_kernel_h(wide ? 1 : 7);
+    ap->set_kernel_w(wide ? 7 : 1);
+    ap->set_pad_h(wide ? 0 : 3);
+    ap->set_pad_w(wide ? 3 : 0);
+    ga.kernel_h = ap->kernel_h();
+    ga.kernel_w = ap->kernel_w();
+    ga.pad_h = ap->pad_h();
+    ga.pad_w = ap->pad_w();
+    CheckGradientError<ConvolutionLayer<float> >(asym, ga, shape, 1e-2);
+  }
 }
 
 // A depthwise convolution (a group per channel, MobileNet's) whose channels differ in scale, as
