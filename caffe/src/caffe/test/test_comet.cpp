@@ -4657,6 +4657,31 @@ TEST_F(CometGPUTest, DeviceStreamsDecodeOnTheHostBitForBit) {
   for (int i = 0; i < blob.count(); ++i) ASSERT_EQ(h[i], back.cpu_data()[i]) << i;
 }
 
+// The weight rule's sample of a depthwise convolution's input, and the errors it measures with
+// an output gradient, read from device memory (a copy per run of neighbouring channels) are the
+// host's, value for value.
+TEST_F(CometGPUTest, AGroupedSampleFromDeviceMemoryIsTheHostOne) {
+  const int C = 64;
+  Blob<float> x(8, C, 56, 56), dy(8, C, 28, 28);
+  FillActivations(&x, 0.4f, 3.f, 5);
+  FillActivations(&dy, 0.f, 1.f, 6);
+  caffe_copy(dy.count(), dy.cpu_data(), dy.mutable_cpu_diff());
+  CometWeightGeometry g;
+  g.kernel_h = g.kernel_w = 3;
+  g.pad_h = g.pad_w = 1;
+  g.stride_h = g.stride_w = 2;
+  g.group = C;
+  const CometErrorSample h = CometSampleInput(x.cpu_data(), false, 8, C, 56, 56, 1e-2, true, g);
+  const CometErrorSample d = CometSampleInput(x.gpu_data(), true, 8, C, 56, 56, 1e-2, true, g);
+  ASSERT_GT(h.groups.size(), 1u);
+  EXPECT_EQ(h.channels, d.channels);
+  EXPECT_EQ(h.images, d.images);
+  ASSERT_EQ(h.x, d.x);
+  const std::vector<double> ladder = CometLadder(1e-2);
+  EXPECT_EQ(CometWeightErrors(h, dy.cpu_diff(), false, C, 28, 28, g, ladder),
+            CometWeightErrors(d, dy.gpu_diff(), true, C, 28, 28, g, ladder));
+}
+
 TEST_F(CometGPUTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }
 TEST_F(CometGPUTest, MaxPoolingKeepsItsArgmaxAsCodesOnly) { CheckPoolCodes(); }
 TEST_F(CometGPUTest, BuffersOfFrozenLayersAreFreedAfterTheirForward) {
