@@ -128,6 +128,23 @@ def test_bench_loops_times_every_loop_and_checks_its_results():
     assert "blob 2x8x16x40" in run.stdout
 
 
+@pytest.mark.skipif(not (ROOT / "build" / "cpu" / "cmake" / "lib" / "libcaffe.so").exists(),
+                    reason="scripts/bench_weight_rule needs the CPU build (CI always builds it first)")
+def test_bench_weight_rule_times_each_layer_and_samples_grouped_layers_over_groups():
+    # Batch 4, one run: the program exits 1 when a ladder's errors are not positive, finite and growing.
+    run = subprocess.run([str(ROOT / "scripts" / "bench_weight_rule"), "4", "1"], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = {r.split("|")[1].strip(): r.split("|") for r in run.stdout.splitlines() if r.startswith("| ") and "---" not in r}
+    rows.pop("layer input")
+    assert len(rows) == 9, run.stdout
+    for name, row in rows.items():
+        channels, images = (int(v) for v in row[4].split("x"))
+        assert float(row[6]) >= 0 and 1 <= images <= 4, row
+        if name.startswith("depthwise"):
+            assert channels >= 8, row  # one channel per group in at least 8 groups, not the middle one alone
+
+
 FAKE_COMETCTL = """#!/usr/bin/env bash
 # stands in for cometctl: train refuses a run folder that holds a run, as the real one does
 echo "cometctl $*" >> calls.log

@@ -43,6 +43,12 @@ std::vector<int> Spread(const std::vector<int>& groups, int per_group, int count
   return picked;
 }
 
+// The first output position o >= 0 whose input position o * stride - pad + offset is at least 0
+// (first_in = pad - offset), or, for first_in = size + pad - offset, the first past the input.
+int FirstInside(int first_in, int stride) {
+  return first_in <= 0 ? 0 : (first_in + stride - 1) / stride;
+}
+
 // Those channels of the first num images of an N x channels x plane blob: num x picked x plane.
 std::vector<float> GatherChannels(const float* src, bool on_device, int num, int channels,
                                   size_t plane, const std::vector<int>& picked) {
@@ -150,19 +156,26 @@ std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy
         if (s.channels[c] / s.per_group != outputs[o] / out_per_group) continue;
         for (int kh = 0; kh < kh_n; ++kh) {
           for (int kw = 0; kw < kw_n; ++kw) {
+            // The outputs whose window puts this weight inside the input: [h0, h1) x [w0, w1).
+            const int h0 = conv ? FirstInside(g.pad_h - kh * g.dilation_h, g.stride_h) : 0;
+            const int h1 = conv ? std::min(height, FirstInside(s.height + g.pad_h - kh * g.dilation_h,
+                                                               g.stride_h)) : 1;
+            const int w0 = conv ? FirstInside(g.pad_w - kw * g.dilation_w, g.stride_w) : 0;
+            const int w1 = conv ? std::min(width, FirstInside(s.width + g.pad_w - kw * g.dilation_w,
+                                                              g.stride_w)) : 1;
+            const int sw = conv ? g.stride_w : 1;
             double sum = 0, sq = 0;
             for (int n = 0; n < images; ++n) {
               double part = 0;
               const float* dp = &d[(static_cast<size_t>(n) * count + o) * plane];
               const float* ep = &e[(static_cast<size_t>(n) * in_count + c) * in_plane];
-              for (int ph = 0; ph < height; ++ph) {
+              for (int ph = h0; ph < h1; ++ph) {
                 const int ih = conv ? ph * g.stride_h - g.pad_h + kh * g.dilation_h : 0;
-                if (ih < 0 || ih >= s.height) continue;
-                for (int pw = 0; pw < width; ++pw) {
-                  const int iw = conv ? pw * g.stride_w - g.pad_w + kw * g.dilation_w : 0;
-                  if (iw < 0 || iw >= s.width) continue;
-                  part += static_cast<double>(dp[ph * width + pw]) * ep[ih * s.width + iw];
-                }
+                const float* dy_row = dp + ph * width;
+                const float* e_row = ep + ih * s.width;
+                const int iw0 = conv ? w0 * sw - g.pad_w + kw * g.dilation_w : 0;
+                for (int pw = w0, iw = iw0; pw < w1; ++pw, iw += sw)
+                  part += static_cast<double>(dy_row[pw]) * e_row[iw];
               }
               sum += part;
               sq += part * part;
