@@ -23,8 +23,9 @@ std::vector<int> PickGroups(int group, int count) {
 
 // The channels a sample reads: about `count` whole channels (at least one in each group), split
 // evenly over `groups` (of per_group channels each), spread over each in runs of neighbours,
-// 32 runs at most but one a group (an Inception output concatenates branches whose errors differ: a block of
-// neighbours would see one branch only). Runs keep the copies from device memory few.
+// 32 runs at most but one a group (an Inception output concatenates branches whose errors
+// differ: a block of neighbours would see one branch only). Runs keep the copies from device
+// memory few.
 std::vector<int> Spread(const std::vector<int>& groups, int per_group, int count) {
   std::vector<int> picked;
   const int ng = groups.size();
@@ -43,8 +44,9 @@ std::vector<int> Spread(const std::vector<int>& groups, int per_group, int count
   return picked;
 }
 
-// The first output position o >= 0 whose input position o * stride - pad + offset is at least 0
-// (first_in = pad - offset), or, for first_in = size + pad - offset, the first past the input.
+// The first output position o >= 0 with o * stride >= first_in: for first_in = -offset, the
+// first whose input position o * stride + offset is inside the input; for size - offset, the
+// first past it.
 int FirstInside(int first_in, int stride) {
   return first_in <= 0 ? 0 : (first_in + stride - 1) / stride;
 }
@@ -136,6 +138,28 @@ std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy
   const int count = outputs.size();
   const std::vector<float> d = GatherChannels(dy, on_device, images, out_channels, plane,
                                               outputs);
+  // For each kernel position kh x kw: the outputs whose window puts it inside the input,
+  // [h0, h1) x [w0, w1), and the input position of the first of them (ih0, iw0).
+  struct Window {
+    int h0, h1, w0, w1, ih0, iw0;
+  };
+  std::vector<Window> windows;
+  for (int kh = 0; kh < kh_n; ++kh) {
+    for (int kw = 0; kw < kw_n; ++kw) {
+      Window w = {0, 1, 0, 1, 0, 0};  // InnerProduct: one position
+      if (conv) {
+        const int off_h = kh * g.dilation_h - g.pad_h, off_w = kw * g.dilation_w - g.pad_w;
+        w.h0 = FirstInside(-off_h, g.stride_h);
+        w.h1 = std::min(height, FirstInside(s.height - off_h, g.stride_h));
+        w.w0 = FirstInside(-off_w, g.stride_w);
+        w.w1 = std::min(width, FirstInside(s.width - off_w, g.stride_w));
+        w.ih0 = w.h0 * g.stride_h + off_h;
+        w.iw0 = w.w0 * g.stride_w + off_w;
+      }
+      windows.push_back(w);
+    }
+  }
+  const int sh = conv ? g.stride_h : 1, sw = conv ? g.stride_w : 1;
   // Per weight and bound: the error is a sum over the num images of per-image parts a_n. From
   // the sampled images, E[a_n^2] (self) and E[a_n a_m], n != m (cross: what adds coherently
   // from image to image) give E[(sum a_n)^2] = num self + num (num - 1) cross, exact when every
@@ -154,36 +178,24 @@ std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy
     for (int o = 0; o < count; ++o) {
       for (int c = 0; c < in_count; ++c) {
         if (s.channels[c] / s.per_group != outputs[o] / out_per_group) continue;
-        for (int kh = 0; kh < kh_n; ++kh) {
-          for (int kw = 0; kw < kw_n; ++kw) {
-            // The outputs whose window puts this weight inside the input: [h0, h1) x [w0, w1).
-            const int h0 = conv ? FirstInside(g.pad_h - kh * g.dilation_h, g.stride_h) : 0;
-            const int h1 = conv ? std::min(height, FirstInside(s.height + g.pad_h - kh * g.dilation_h,
-                                                               g.stride_h)) : 1;
-            const int w0 = conv ? FirstInside(g.pad_w - kw * g.dilation_w, g.stride_w) : 0;
-            const int w1 = conv ? std::min(width, FirstInside(s.width + g.pad_w - kw * g.dilation_w,
-                                                              g.stride_w)) : 1;
-            const int sw = conv ? g.stride_w : 1;
-            double sum = 0, sq = 0;
-            for (int n = 0; n < images; ++n) {
-              double part = 0;
-              const float* dp = &d[(static_cast<size_t>(n) * count + o) * plane];
-              const float* ep = &e[(static_cast<size_t>(n) * in_count + c) * in_plane];
-              for (int ph = h0; ph < h1; ++ph) {
-                const int ih = conv ? ph * g.stride_h - g.pad_h + kh * g.dilation_h : 0;
-                const float* dy_row = dp + ph * width;
-                const float* e_row = ep + ih * s.width;
-                const int iw0 = conv ? w0 * sw - g.pad_w + kw * g.dilation_w : 0;
-                for (int pw = w0, iw = iw0; pw < w1; ++pw, iw += sw)
-                  part += static_cast<double>(dy_row[pw]) * e_row[iw];
-              }
-              sum += part;
-              sq += part * part;
+        for (const Window& w : windows) {
+          double sum = 0, sq = 0;
+          for (int n = 0; n < images; ++n) {
+            double part = 0;
+            const float* dp = &d[(static_cast<size_t>(n) * count + o) * plane];
+            const float* ep = &e[(static_cast<size_t>(n) * in_count + c) * in_plane];
+            for (int ph = w.h0, ih = w.ih0; ph < w.h1; ++ph, ih += sh) {
+              const float* dy_row = dp + ph * width;
+              const float* e_row = ep + ih * s.width;
+              for (int pw = w.w0, iw = w.iw0; pw < w.w1; ++pw, iw += sw)
+                part += static_cast<double>(dy_row[pw]) * e_row[iw];
             }
-            self += sq / images;
-            if (images > 1) cross += (sum * sum - sq) / (images * (images - 1.));
-            weights += 1;
+            sum += part;
+            sq += part * part;
           }
+          self += sq / images;
+          if (images > 1) cross += (sum * sum - sq) / (images * (images - 1.));
+          weights += 1;
         }
       }
     }
