@@ -46,6 +46,8 @@ class CometBounds {
                        const std::vector<int>& shape, float eb);
   void BeforeBackward(int layer);
   void AfterBackward(int layer);
+  // Host memory the samples hold, each from its input's encode to its layer's backward.
+  size_t SampleBytes() const;
 
   // <prefix>_iter_N.cometstate beside the solver state: written at snapshots, and read back on
   // restore, where a file that is empty, foreign or of another iteration is refused.

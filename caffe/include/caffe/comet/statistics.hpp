@@ -64,10 +64,10 @@ class CometStatistics {
   void set_path(const std::string& path) { path_ = path; }
   // The memory held now: the net's blobs and weights, the entries' payloads and the layers'
   // private buffers (each memory counted once; `scratch`, the buffers each pass writes whole
-  // before reading them, counted as SCRATCH).
+  // before reading them, counted as SCRATCH, as are `scratch_bytes` held outside any blob).
   void Sample(const std::vector<CometEntry>& entries,
               const std::vector<const SyncedMemory*>& private_buffers,
-              const std::vector<const SyncedMemory*>& scratch);
+              const std::vector<const SyncedMemory*>& scratch, size_t scratch_bytes = 0);
   // Buffers an encode or decode held for a moment since the last sample, on top of that sample
   // (taken just before the encodes: an upper bound, since each encode frees its dense input).
   void NoteTransient(size_t bytes);

@@ -42,6 +42,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   const std::vector<Entry>& entries() const { return entries_; }
   const std::vector<Bound>& bounds() const { return bounds_.all(); }
   const CometMemory& memory() const { return stats_.memory(); }
+  size_t error_sample_bytes() const { return bounds_.SampleBytes(); }  // measuring iterations
   const CometParameter& param() const { return param_; }
   size_t jobs_queued() const { return jobs_.size(); }  // encodes and decodes not finished yet
   int last_report_iter() const { return stats_.last_report_iter(); }

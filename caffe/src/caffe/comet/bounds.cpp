@@ -178,6 +178,15 @@ void CometBounds<Dtype>::NoteStoredInput(const CometPlanEntry& e, const float* d
 }
 
 template <typename Dtype>
+size_t CometBounds<Dtype>::SampleBytes() const {
+  size_t n = 0;
+  for (size_t b = 0; b < errors_.size(); ++b)
+    n += errors_[b].x.capacity() * sizeof(float) + errors_[b].channels.capacity() * sizeof(int) +
+         errors_[b].groups.capacity() * sizeof(int);
+  return n;
+}
+
+template <typename Dtype>
 void CometBounds<Dtype>::BeforeBackward(int layer) {
   if (!Measures(layer)) return;
   switch (bounds_[bound_of_layer_[layer]].rule) {

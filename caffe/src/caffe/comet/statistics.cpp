@@ -32,7 +32,8 @@ std::string FormatBytes(double b) {
 template <typename Dtype>
 void CometStatistics<Dtype>::Sample(const std::vector<CometEntry>& entries,
                                     const std::vector<const SyncedMemory*>& private_buffers,
-                                    const std::vector<const SyncedMemory*>& scratch) {
+                                    const std::vector<const SyncedMemory*>& scratch,
+                                    size_t scratch_bytes) {
   size_t cur[CometMemory::NUM_KINDS] = {0, 0, 0, 0, 0};
   visit_.clear();
   visit_kind_.clear();
@@ -69,7 +70,7 @@ void CometStatistics<Dtype>::Sample(const std::vector<CometEntry>& entries,
       cur[visit_kind_[i]] += visit_[i]->size();
   for (int e = 0; e < entries.size(); ++e)  // every payload is held by its entry
     if (entries[e].stored) cur[CometMemory::COMPRESSED] += entries[e].stored->stored_bytes();
-  cur[CometMemory::SCRATCH] += CometGpuPoolQuery().cached + CometEncoderHeldBytes();
+  cur[CometMemory::SCRATCH] += CometGpuPoolQuery().cached + CometEncoderHeldBytes() + scratch_bytes;
   size_t total = 0;
   for (int k = 0; k < CometMemory::NUM_KINDS; ++k) {
     memory_.current[k] = cur[k];

@@ -1445,7 +1445,9 @@ void CometStore<Dtype>::Sample() {
     (en.buffer == REBUILD && en.unread ? sample_scratch_ : sample_buffers_).push_back(PrivateBuffer(en));
   }
   if (columns_max_) sample_scratch_.push_back(columns_.data().get());
-  stats_.Sample(entries_, sample_buffers_, sample_scratch_);
+  // the weight rule's samples of its inputs, host memory (not the device's on the GPU)
+  stats_.Sample(entries_, sample_buffers_, sample_scratch_,
+                Caffe::mode() == Caffe::CPU ? bounds_.SampleBytes() : 0);
 }
 
 // Convolutions keep a column buffer each (one image's im2col, for a 3x3 kernel nine times the

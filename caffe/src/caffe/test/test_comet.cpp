@@ -3467,6 +3467,45 @@ TEST_F(CometStoreTest, EncoderBuffersCountInTheTrackedMemory) {
   EXPECT_EQ(stats.memory().peak_total, total + 12345);
 }
 
+// The tracked scratch and the weight rule's samples when a layer's backward has run (a callback
+// after the store's, which samples the memory there).
+class ScratchAfterBackward : public caffe::Net<float>::Callback {
+ public:
+  ScratchAfterBackward(const CometStore<float>* store, int layer)
+      : store_(store), layer_(layer), scratch_(0), samples_(0), encoder_(0) {}
+  size_t scratch_, samples_, encoder_;
+
+ protected:
+  virtual void run(int layer) {
+    if (layer != layer_) return;
+    scratch_ = store_->memory().current[CometMemory::SCRATCH];
+    samples_ = store_->error_sample_bytes();
+    encoder_ = CometEncoderHeldBytes() + CometGpuPoolQuery().cached;
+  }
+
+ private:
+  const CometStore<float>* store_;
+  int layer_;
+};
+
+// On a measuring iteration the weight rule holds a sample of each sampled input from its encode
+// to its reader's backward (conv2's of pool1, all 4,096 values here, through ip1's backward);
+// the tracked memory counts it as scratch. Serial and without the shared columns, so that the
+// scratch is the encoder's and the samples' alone.
+TEST_F(CometStoreTest, TheWeightRulesSamplesCountInTheTrackedMemory) {
+  shared_ptr<Solver<float> > on = MakeSolver(
+      "comet { eb_mode: ADAPTIVE update_interval: 1 async: false layer_buffers: false }");
+  Run(on.get(), 1);  // the first step: the plan and the buffers settle
+  const int ip1 = 6;
+  ASSERT_EQ(on->net()->layer_names()[ip1], "ip1");
+  ScratchAfterBackward probe(on->comet(), ip1);
+  on->net()->add_after_backward(&probe);
+  Run(on.get(), 1);
+  EXPECT_GE(probe.samples_, on->net()->blob_by_name("pool1")->count() * sizeof(float));
+  EXPECT_EQ(probe.scratch_, probe.encoder_ + probe.samples_);
+  EXPECT_EQ(on->comet()->error_sample_bytes(), 0u) << "each used once, in its layer's backward";
+}
+
 // Sample finds which memories are shared (in place, Split) once and again only when one changes;
 // its sums must stay those of counting every memory once, also after a reshape gives blobs new
 // memory.
