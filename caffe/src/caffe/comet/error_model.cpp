@@ -61,8 +61,8 @@ std::vector<float> GatherChannels(const float* src, bool on_device, int num, int
     const std::vector<float> part = CometGatherRows(src, on_device, num, channels * plane,
                                                     picked[i] * plane, (j - i) * plane);
     for (int n = 0; n < num; ++n)
-      std::copy(&part[n * (j - i) * plane], &part[(n + 1) * (j - i) * plane],
-                &out[(n * picked.size() + i) * plane]);
+      std::copy(part.begin() + n * (j - i) * plane, part.begin() + (n + 1) * (j - i) * plane,
+                out.begin() + (n * picked.size() + i) * plane);
     i = j;
   }
   return out;

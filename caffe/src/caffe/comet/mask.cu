@@ -58,18 +58,19 @@ __global__ void ApplySignsKernel(const uint32_t* words, size_t count, float* x) 
   }
 }
 
-// Popcount of a stream of total_bits bits.
+// Popcount of a stream of total_bits bits, and whether a bit past the end is set (the host
+// then takes the complement, as HostPopcount does: the count fails the caller's check).
 __global__ void PopcountKernel(const uint32_t* words, size_t nwords, size_t total_bits,
-                               uint32_t* popcount) {
+                               uint32_t* popcount, int* tail_set) {
   uint32_t pc = 0;
+  int tail = 0;
   for (size_t w = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; w < nwords;
        w += static_cast<size_t>(blockDim.x) * gridDim.x) {
-    uint32_t word = words[w];
-    // bits past the end must be clear: a set one makes the count wrong on purpose
-    if (w == nwords - 1 && total_bits % 32 && (word >> (total_bits % 32))) word = 0xffffffffu;
+    const uint32_t word = words[w];
+    if (w == nwords - 1 && total_bits % 32 && (word >> (total_bits % 32))) tail = 1;
     pc += __popc(word);
   }
-  AddPerWarp(pc, 0, popcount, NULL);
+  AddPerWarp(pc, tail, popcount, tail_set);
 }
 
 __global__ void PackCodesKernel(const int32_t* v, size_t count, int bits, bool argmax,
@@ -202,16 +203,15 @@ void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* p
   }, popcount, nonfinite);
 }
 
-// Sets *popcount to the popcount of a device bit stream (for the callers' checks).
+// Sets *popcount to the popcount of a device bit stream for the callers' checks, the same
+// figure as HostPopcount's (payload.cpp), a corrupt stream's included.
 static void DevicePopcount(const uint32_t* words, size_t total_bits, uint32_t* popcount) {
   const size_t nwords = (total_bits + 31) / 32;
-  uint32_t* d_count;
-  CometGpuMalloc(reinterpret_cast<void**>(&d_count), sizeof(uint32_t));
-  CUDA_CHECK(cudaMemsetAsync(d_count, 0, sizeof(uint32_t), Stream()));
-  PopcountKernel<<<Blocks(nwords), kThreads, 0, Stream()>>>(words, nwords, total_bits, d_count);
-  CUDA_POST_KERNEL_CHECK;
-  ReadBack(popcount, d_count, sizeof(uint32_t));
-  CometGpuFree(d_count, sizeof(uint32_t));
+  bool tail_set = false;
+  LaunchCounting([&](uint32_t* pc, int* flag) {
+    PopcountKernel<<<Blocks(nwords), kThreads, 0, Stream()>>>(words, nwords, total_bits, pc, flag);
+  }, popcount, &tail_set);
+  if (tail_set) *popcount = ~*popcount;
 }
 
 // Unpacks words into x (1 or 0), or with apply_signs clamps x to the recorded signs; counts the

@@ -3472,7 +3472,7 @@ TEST_F(CometStoreTest, EncoderBuffersCountInTheTrackedMemory) {
 class ScratchAfterBackward : public caffe::Net<float>::Callback {
  public:
   ScratchAfterBackward(const CometStore<float>* store, int layer)
-      : store_(store), layer_(layer), scratch_(0), samples_(0), encoder_(0) {}
+      : scratch_(0), samples_(0), encoder_(0), store_(store), layer_(layer) {}
   size_t scratch_, samples_, encoder_;
 
  protected:
@@ -4811,6 +4811,33 @@ TEST_F(CometGPUTest, DeviceMasksMatchHostMasks) {
   ASSERT_TRUE(CometDecode(*d, out.mutable_gpu_data(), &error)) << error;
   for (int i = 0; i < blob.count(); ++i)
     ASSERT_EQ(out.cpu_data()[i] > 0, blob.cpu_data()[i] > 0) << i;
+}
+
+// A bit set past the end of a mask is corruption however the other bits add up: with as many set
+// bits cleared elsewhere as the last word's complement, a count that took the last word as 32
+// set bits (the device's before) matched the stored popcount, and the decode went on.
+TEST_F(CometGPUTest, AMaskWithABitPastItsEndIsRefusedAsOnTheHost) {
+  Blob<float> blob(3, 5, 7, 9);  // 945 values: 17 bits of the last word are the mask's
+  FillActivations(&blob, 0.5f, 0.05f, 12);
+  shared_ptr<CometPayload> d = CometEncodeMask(blob.gpu_data(), blob.count(), true, "x");
+  shared_ptr<CometPayload> h = CometEncodeMask(blob.cpu_data(), blob.count(), false, "x");
+  ASSERT_TRUE(d.get() != NULL && h.get() != NULL);
+  std::vector<uint32_t> words(d->bytes() / 4);
+  CUDA_CHECK(cudaMemcpy(words.data(), d->data(), d->bytes(), cudaMemcpyDeviceToHost));
+  uint32_t& last = words.back();
+  int to_clear = 32 - __builtin_popcount(last);
+  last |= 1u << 20;
+  for (size_t w = 0; w + 1 < words.size() && to_clear > 0; ++w)
+    for (int b = 0; b < 32 && to_clear > 0; ++b)
+      if (words[w] & (1u << b)) words[w] &= ~(1u << b), --to_clear;
+  ASSERT_EQ(to_clear, 0);
+  CUDA_CHECK(cudaMemcpy(d->data(), words.data(), d->bytes(), cudaMemcpyHostToDevice));
+  std::memcpy(h->data(), words.data(), h->bytes());
+  Blob<float> out(blob.shape());
+  std::string dev_error, host_error;
+  EXPECT_FALSE(CometDecode(*d, out.mutable_gpu_data(), &dev_error));
+  EXPECT_FALSE(CometDecode(*h, out.mutable_cpu_data(), &host_error));
+  EXPECT_EQ(dev_error, host_error);
 }
 
 // Many blocks and warps (the kernels sum their popcounts per warp), and one NaN among 8 million
