@@ -72,6 +72,9 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   // (Re)plans from the net as it is now and the aliases found so far; entries that keep their
   // blob keep what they stored.
   void MakePlan();
+  // Caffe's mode changed since the plan was made (pycaffe: caffe.set_mode_gpu() after
+  // get_solver): plans for it, at the start of a whole forward pass.
+  void FollowMode();
   // The memory a layer's blobs hold now against the plan's groups; a new share re-plans.
   void CheckSharing(int layer, bool diff);
   // The layer and pass running now, for the message of a read of freed memory (formatted only
@@ -164,6 +167,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   // begins later), and the last layer whose forward ran (-2 once a backward ran).
   int forward_from_, last_forward_;
   bool measuring_;
+  Caffe::Brew plan_mode_;  // the mode the plan is for: some layers' facts depend on it
   shared_ptr<CometWorker> worker_;        // NULL without comet { async }
   shared_ptr<CometSideStream> side_stream_;  // GPU mode with async: the device jobs' stream
   std::list<shared_ptr<Job> > jobs_;      // queued on the worker, not finished yet

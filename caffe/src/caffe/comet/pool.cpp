@@ -139,15 +139,18 @@ BlockPool& GpuPool(int device) {
   return *pool;
 }
 
-// Applies f to every device's pool, under each pool's lock.
-template <typename F>
-void ForEachGpuPool(F f) {
+// Applies `shared` to the settings that pools made later copy, then f(device, pool) to every
+// device's pool under that pool's lock, all in one critical section: a pool that another
+// solver's thread makes meanwhile takes a change once, not twice (-gpu all).
+template <typename S, typename F>
+void UpdateGpuPools(S shared, F f) {
   GpuPools& all = AllGpuPools();
   boost::mutex::scoped_lock lock(all.mutex);
+  shared(all);
   for (std::map<int, BlockPool*>::iterator it = all.by_device.begin();
        it != all.by_device.end(); ++it) {
     boost::mutex::scoped_lock pool_lock(it->second->mutex);
-    f(*it->second);
+    f(it->first, *it->second);
   }
 }
 
@@ -161,24 +164,18 @@ int DeviceOf(const void* ptr) {
 }  // namespace
 
 void CometGpuPoolEnable(bool on) {
-  {
-    GpuPools& all = AllGpuPools();
-    boost::mutex::scoped_lock lock(all.mutex);
-    all.enabled += on ? 1 : -1;
-  }
-  ForEachGpuPool([on](BlockPool& pool) {
-    pool.enabled += on ? 1 : -1;
-    if (!pool.enabled) pool.Disable();
-  });
+  UpdateGpuPools([on](GpuPools& all) { all.enabled += on ? 1 : -1; },
+                 [on](int device, BlockPool& pool) {
+                   pool.enabled += on ? 1 : -1;
+                   if (pool.enabled) return;
+                   CometOnDevice here(device);  // its cached blocks and events are that device's
+                   pool.Disable();
+                 });
 }
 
 void CometGpuPoolFence(bool on) {
-  {
-    GpuPools& all = AllGpuPools();
-    boost::mutex::scoped_lock lock(all.mutex);
-    all.fenced += on ? 1 : -1;
-  }
-  ForEachGpuPool([on](BlockPool& pool) { pool.fenced += on ? 1 : -1; });
+  UpdateGpuPools([on](GpuPools& all) { all.fenced += on ? 1 : -1; },
+                 [on](int, BlockPool& pool) { pool.fenced += on ? 1 : -1; });
 }
 
 // Blocks are reused by the solver threads' allocations on the default stream and on the stores'
@@ -225,7 +222,7 @@ CometPoolStats GpuPoolQueryCurrent() {
 
 CometPoolStats CometGpuPoolQuery() {  // all devices together
   CometPoolStats total = {0, 0, 0, 0, 0, 0, 0};
-  ForEachGpuPool([&total](BlockPool& pool) {
+  UpdateGpuPools([](GpuPools&) {}, [&total](int, BlockPool& pool) {
     const CometPoolStats s = pool.Stats();
     total.in_use += s.in_use;
     total.cached += s.cached;
@@ -266,12 +263,8 @@ void CometPoolsSetHeadroom(double fraction) {
     pool.headroom = std::max(0.0, fraction);
   }
 #ifndef CPU_ONLY
-  {
-    GpuPools& all = AllGpuPools();
-    boost::mutex::scoped_lock lock(all.mutex);
-    all.headroom = std::max(0.0, fraction);
-  }
-  ForEachGpuPool([fraction](BlockPool& pool) { pool.headroom = std::max(0.0, fraction); });
+  UpdateGpuPools([fraction](GpuPools& all) { all.headroom = std::max(0.0, fraction); },
+                 [fraction](int, BlockPool& pool) { pool.headroom = std::max(0.0, fraction); });
 #endif
 }
 
@@ -282,7 +275,15 @@ void CometPoolsMarkStep() {
     pool.MarkStep();
   }
 #ifndef CPU_ONLY
-  ForEachGpuPool([](BlockPool& pool) { pool.MarkStep(); });
+  // This solver's device alone: with -gpu all each solver's thread marks its own steps, and one
+  // marking every device's pool would cut the others' steps where its own begin.
+  if (Caffe::mode() == Caffe::GPU) {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    BlockPool& pool = GpuPool(device);
+    boost::mutex::scoped_lock lock(pool.mutex);
+    pool.MarkStep();
+  }
 #endif
 }
 

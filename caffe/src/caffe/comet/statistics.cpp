@@ -70,7 +70,9 @@ void CometStatistics<Dtype>::Sample(const std::vector<CometEntry>& entries,
       cur[visit_kind_[i]] += visit_[i]->size();
   for (int e = 0; e < entries.size(); ++e)  // every payload is held by its entry
     if (entries[e].stored) cur[CometMemory::COMPRESSED] += entries[e].stored->stored_bytes();
-  cur[CometMemory::SCRATCH] += CometGpuPoolQuery().cached + CometEncoderHeldBytes() + scratch_bytes;
+  // this solver's device pool alone (-gpu all: one store per device)
+  const size_t pool_cached = Caffe::mode() == Caffe::GPU ? CometPoolQueryHere().cached : 0;
+  cur[CometMemory::SCRATCH] += pool_cached + CometEncoderHeldBytes() + scratch_bytes;
   size_t total = 0;
   for (int k = 0; k < CometMemory::NUM_KINDS; ++k) {
     memory_.current[k] = cur[k];

@@ -294,9 +294,9 @@ void CheckSettings(const CometParameter& p, const Net<Dtype>& net) {
 template <typename Dtype>
 CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param)
     : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
-      stats_(net_, param_), context_layer_(-1), context_iter_(-1),
+      stats_(net_, param_), columns_max_(0), context_layer_(-1), context_iter_(-1),
       context_pass_("before the first training step"), forward_from_(0), last_forward_(-2),
-      columns_max_(0), measuring_(false), in_flight_(0),
+      measuring_(false), plan_mode_(Caffe::mode()), in_flight_(0),
       max_in_flight_(0), tiled_gemm_(false), flushing_(false), in_step_(false), float_mode_(0) {
   CheckSettings(param_, *net_);
   if (param_.async()) worker_.reset(new CometWorker());
@@ -385,6 +385,7 @@ CometStore<Dtype>::~CometStore() {
 template <typename Dtype>
 void CometStore<Dtype>::MakePlan() {
   FinishAll();  // jobs name entries of the old plan
+  plan_mode_ = Caffe::mode();
   plan_ = MakeCometPlan(*net_, param_, data_aliases_, diff_aliases_);
   // The shared column buffer as large as the largest any convolution has now (ShareColumns).
   for (int i = 0; i < plan_.facts.size(); ++i) {
@@ -708,6 +709,23 @@ void CometStore<Dtype>::DecodeAheadRebuilt(int x, const shared_ptr<CometPayload>
   Start(job, true);
 }
 
+// An across-channels LRN reads its output in backward on the GPU only (layer_facts.cpp), and
+// device jobs go to the store's own stream, made for GPU mode.
+template <typename Dtype>
+void CometStore<Dtype>::FollowMode() {
+  const bool gpu = Caffe::mode() == Caffe::GPU;
+  LOG(INFO) << "COMET: Caffe runs in " << (gpu ? "GPU" : "CPU") << " mode now, the plan was made "
+            << "in " << (gpu ? "CPU" : "GPU") << " mode; re-planning";
+  FinishAll();
+  if (gpu && param_.async() && !side_stream_) side_stream_.reset(new CometSideStream());
+  std::string why;
+  if (!gpu && param_.tiled_gemm() && !tiled_gemm_ && CometGemm::Available(&why)) {
+    tiled_gemm_ = true;
+    CometGemm::Use(true);
+  }
+  MakePlan();
+}
+
 template <typename Dtype>
 void CometStore<Dtype>::CheckSharing(int layer, bool diff) {
   std::map<const SyncedMemory*, int>& seen = diff ? seen_diff_ : seen_data_;
@@ -780,6 +798,7 @@ std::string CometStore<Dtype>::Plan() const {
 
 template <typename Dtype>
 void CometStore<Dtype>::BeforeForward(int layer) {
+  if (layer == 0 && Caffe::mode() != plan_mode_) FollowMode();
   const bool starts = layer == 0 || layer != last_forward_ + 1;
   if (starts) forward_from_ = layer;
   last_forward_ = layer;

@@ -1,7 +1,10 @@
 // COMET-Caffe: the streams of COMET's device work (include/caffe/comet/stream.hpp).
 #include "caffe/comet/stream.hpp"
 
+#include <memory>
+
 #include "caffe/comet/pool.hpp"
+#include "caffe/comet/worker.hpp"
 #include "caffe/common.hpp"
 
 namespace caffe {
@@ -48,16 +51,36 @@ CometOnDevice::~CometOnDevice() {
   if (previous_ != device_) CUDA_CHECK(cudaSetDevice(previous_));
 }
 
-// On the stream's device (the worker's thread starts on device 0; a step that runs a queued job
-// itself gets its own device back).
+namespace {
+// On the stream's device. A store's worker thread serves that one device and stays on it: the
+// thread starts on device 0, and setting 0 back after each job would make (CUDA 12 and later) a
+// context on device 0 for a run on another (`caffe train -gpu 1`), and abort there when device 0
+// is exclusive to another process. A step that runs a queued job itself gets its device back.
+class OnStreamDevice {
+ public:
+  explicit OnStreamDevice(int device) {
+    if (!CometWorker::OnWorker()) {
+      scoped_.reset(new CometOnDevice(device));
+      return;
+    }
+    int current = 0;
+    CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device) CUDA_CHECK(cudaSetDevice(device));
+  }
+
+ private:
+  std::unique_ptr<CometOnDevice> scoped_;
+};
+}  // namespace
+
 void CometSideStream::WaitFor(void* mark) {
-  CometOnDevice on(device_);
+  OnStreamDevice on(device_);
   CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(mark)));
   CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(mark)));
 }
 
 void CometSideStream::Run(const std::function<void()>& work) {
-  CometOnDevice on(device_);
+  OnStreamDevice on(device_);
   CometOnStream stream(stream_);
   work();
   CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));

@@ -3097,11 +3097,9 @@ TEST_F(CometStoreTest, ABlobThatScaleAndReluMadeFromBatchNormIsRebuiltWithinTheB
 
 TEST_F(CometStoreTest, GlobalStatisticsBatchNormKeepsNoDenseXNorm) { CheckGlobalStatistics(); }
 
-// GoogLeNet's conv2/norm2: an LRN whose output only max pooling reads. LRN's CPU backward
-// computes its output again (patch 0027), so nothing keeps it: freed after the pooling's
-// forward, and training is bit for bit COMET off's, with LRN's scale kept or recomputed.
-TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
-  const std::string net =
+// GoogLeNet's conv2/norm2 in small: an LRN across channels whose output only max pooling reads.
+std::string LrnPoolNet() {
+  return
       "name: 'lrn_pool' "
       "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
       "  dummy_data_param { shape { dim: 4 dim: 3 dim: 12 dim: 12 } shape { dim: 4 } "
@@ -3117,6 +3115,13 @@ TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
       "layer { name: 'ip1' type: 'InnerProduct' bottom: 'pool1' top: 'ip1' "
       "  inner_product_param { num_output: 3 weight_filler { type: 'gaussian' std: 0.1 } } } "
       "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip1' bottom: 'label' top: 'loss' } ";
+}
+
+// LRN's CPU backward computes its output again (patch 0027), so nothing keeps it: freed after
+// the pooling's forward, and training is bit for bit COMET off's, with LRN's scale kept or
+// recomputed.
+TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
+  const std::string net = LrnPoolNet();
   const char* comet[] = {"", "comet { compress_type: 'None' }",
                          "comet { compress_type: 'None' recompute_lrn: true }"};
   std::vector<float> params[3];
@@ -4772,6 +4777,36 @@ TEST_F(CometGPUTest, TheCuRANDPositionPutsTheGeneratorBack) {
   caffe_gpu_rng_uniform(5000, static_cast<unsigned int*>(b.mutable_gpu_data()));
   caffe_gpu_rng_uniform<float>(3192, 0.f, 1.f, static_cast<float*>(b.mutable_gpu_data()) + 5000);
   EXPECT_EQ(memcmp(a.cpu_data(), b.cpu_data(), 8192 * 4), 0);
+}
+
+// A store made in one mode and trained in the other (pycaffe: caffe.set_mode_gpu() after
+// get_solver) plans again for the mode it runs in: LRN's GPU backward reads its output, which
+// the CPU plan frees (and read it freed, a fatal error), and the GPU plan frees it going back to
+// the CPU. Lossless, bit for bit against COMET off on the device.
+TEST_F(CometGPUTest, TheStoreFollowsAModeSwitchedAfterTheSolverIsMade) {
+  const std::string net = LrnPoolNet();
+  shared_ptr<Solver<float> > off = SolverFor(net, "");
+  Run(off.get(), 3);
+  Caffe::set_mode(Caffe::CPU);
+  shared_ptr<Solver<float> > on = SolverFor(net, "comet { compress_type: 'None' }");
+  Caffe::set_mode(Caffe::GPU);
+  Run(on.get(), 3);
+  const std::vector<float> a = Params(off.get()), b = Params(on.get());
+  ASSERT_EQ(a.size(), b.size());
+  for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << i;
+  const CometStore<float>* store = on->comet();
+  int norm1 = -1;
+  for (int e = 0; e < store->entries().size(); ++e)
+    if (store->entries()[e].blob == "norm1") norm1 = e;
+  EXPECT_TRUE(norm1 < 0 || store->entries()[norm1].action != CometStore<float>::RELEASE)
+      << "the GPU's backward reads norm1";
+  Caffe::set_mode(Caffe::CPU);
+  Run(on.get(), 1);
+  norm1 = -1;
+  for (int e = 0; e < store->entries().size(); ++e)
+    if (store->entries()[e].blob == "norm1") norm1 = e;
+  ASSERT_GE(norm1, 0);
+  EXPECT_EQ(store->entries()[norm1].action, CometStore<float>::RELEASE);
 }
 
 // Patch 0015's Forward_gpu: the argmax stays in its window with NaN, Inf and -Inf windows.
