@@ -4765,10 +4765,13 @@ TEST_F(CometGPUTest, TheCuRANDPositionPutsTheGeneratorBack) {
     if (i % 2) caffe_gpu_rng_uniform(before[i], static_cast<unsigned int*>(scratch.mutable_gpu_data()));
     else caffe_gpu_rng_uniform<float>(before[i], 0.f, 1.f, static_cast<float*>(scratch.mutable_gpu_data()));
   }
+  // Doubles count two 32-bit values each (patch 0030); were it one, the Seek below would put the
+  // generator elsewhere and a, b would differ (a double net's stochastic pooling draws them).
+  caffe_gpu_rng_uniform<double>(129, 0., 1., static_cast<double*>(scratch.mutable_gpu_data()));
   const CometCurandPosition at = CometCurandTell();
   EXPECT_TRUE(at.seeded);
   EXPECT_EQ(at.seed, 1701u);
-  EXPECT_EQ(at.drawn, 1000u + 4097u + 333u + 64u);
+  EXPECT_EQ(at.drawn, 1000u + 4097u + 333u + 64u + 2u * 129u);
   caffe_gpu_rng_uniform(5000, static_cast<unsigned int*>(a.mutable_gpu_data()));
   caffe_gpu_rng_uniform<float>(3192, 0.f, 1.f, static_cast<float*>(a.mutable_gpu_data()) + 5000);
   Caffe::set_random_seed(5);  // elsewhere
