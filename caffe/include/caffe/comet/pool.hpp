@@ -64,9 +64,8 @@ void CometPoolsMarkStep();
 // Lets both pools hold up to (1 + fraction) x their peak in use (comet.memory_pool_headroom).
 void CometPoolsSetHeadroom(double fraction);
 CometPoolStats CometHostPoolQuery();
-// The pool that serves SyncedMemory in the current mode (GPU mode: the device pools).
-CometPoolStats CometPoolQuery();
-// The same for this thread's allocations alone (GPU mode: the current device's pool).
+// The pool that serves this thread's SyncedMemory in the current mode (GPU mode: the current
+// device's pool; with -gpu all each solver's thread has its own device).
 CometPoolStats CometPoolQueryHere();
 
 }  // namespace caffe

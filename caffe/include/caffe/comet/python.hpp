@@ -62,7 +62,7 @@ boost::python::object CometStatsDict(Solver<Dtype>* solver) {
   memory["peak_total"] = m.peak_total;
   out["memory"] = memory;
   if (store->param().memory_pool()) {
-    const CometPoolStats ps = CometPoolQuery();
+    const CometPoolStats ps = CometPoolQueryHere();
     bp::dict pool;
     pool["reused"] = ps.hits;
     pool["allocated"] = ps.misses;

@@ -35,6 +35,12 @@ class CometOnDevice {
   int previous_, device_;
 };
 
+// What a store's worker thread runs first on a GPU: it takes the caller's current device for
+// good. A thread starts on device 0, where (CUDA 12 and later) setting it makes a context, and a
+// host allocation makes the thread's Caffe, with a cuBLAS handle on the current device: a run on
+// another device (`caffe train -gpu 1`) would make them on device 0.
+std::function<void()> CometTakeThisDevice();
+
 // A non-blocking stream on the device current when it is made, for one store's device jobs.
 // The step's thread marks (Mark) how far it has queued work on the default stream when it
 // submits a job; the job first waits for the device to get there (WaitFor, on the worker's

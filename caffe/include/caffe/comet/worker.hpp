@@ -62,7 +62,8 @@ class CometTeam {
 class CometWorker {
  public:
   typedef std::function<void()> Job;
-  CometWorker();
+  // on_start: what the thread runs first (a store's on a GPU: take the store's device).
+  explicit CometWorker(const Job& on_start = Job());
   ~CometWorker();  // runs what is queued, then joins
 
   uint64_t Submit(const Job& job);  // its ticket: 1, 2, 3, ...
@@ -80,7 +81,7 @@ class CometWorker {
   static uint64_t jobs_run_on_workers();
 
  private:
-  void Run();
+  void Run(Job on_start);
   void Ended(uint64_t ticket);
 
   mutable std::mutex mutex_;

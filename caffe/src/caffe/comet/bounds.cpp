@@ -341,13 +341,13 @@ double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
   const Blob<Dtype>* y = net_->top_vecs()[layer][0];
   const Dtype* xd = x->cpu_data();
   const Dtype* dy = y->cpu_diff();
-  // An output no backward reads was freed (LRN's CPU backward across channels computes it again,
-  // patch 0027; within a channel its backward never reads it): y = x s^-b, as Forward computed
-  // it, from the scale (across: s, raised to -b here; within: computed from x, as the internal
-  // outputs may be freed too).
-  const shared_ptr<CometPayload>& held = y->data()->comet_payload();
-  const bool freed = held ? held->kind() == CometPayload::RELEASED
-                          : y->data()->head() == SyncedMemory::UNINITIALIZED;
+  // An output not held as values now (freed, or kept for other readers: a ReLU's sign mask, a
+  // lossy copy, which keep_compressed leaves on it after their backward) is not read: LRN's CPU
+  // backward across channels computes it again (patch 0027), within a channel its backward never
+  // reads it. y = x s^-b, as Forward computed it, from the scale (across: s, raised to -b here;
+  // within: computed from x, as the internal outputs may be freed too).
+  const bool freed = y->data()->comet_payload() ||
+                     y->data()->head() == SyncedMemory::UNINITIALIZED;
   const Dtype* yd = freed ? NULL : y->cpu_data();
   const Dtype* sd = freed && across ? CometLayerAccess<Dtype>::lrn_scale(l)->cpu_data() : NULL;
   std::vector<float> within;  // s^-b

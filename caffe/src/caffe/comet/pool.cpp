@@ -248,10 +248,6 @@ CometPoolStats GpuPoolQueryCurrent() { return CometGpuPoolQuery(); }
 }  // namespace
 #endif  // CPU_ONLY
 
-CometPoolStats CometPoolQuery() {
-  return Caffe::mode() == Caffe::GPU ? CometGpuPoolQuery() : CometHostPoolQuery();
-}
-
 CometPoolStats CometPoolQueryHere() {
   return Caffe::mode() == Caffe::GPU ? GpuPoolQueryCurrent() : CometHostPoolQuery();
 }

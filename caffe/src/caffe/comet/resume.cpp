@@ -158,6 +158,16 @@ void CometResume<Dtype>::Load(const std::string& solverstate_filename) {
                  << "the layers' starting weights differ from the first run; not exact";
   }
   for (int i = 0; i < batches.size(); ++i) pending_[i] = is_data_[i] ? batches[i] : -1;
+  if (Caffe::solver_rank() > 0) {
+    // -gpu all: the file is the root solver's. This solver was seeded with random_seed plus its
+    // rank; the root's generators would make it draw the root's numbers (Dropout masks,
+    // transformations) on every GPU. Its own are not saved: its data positions are restored,
+    // its random streams start over, as upstream's would.
+    if (Caffe::solver_rank() == 1)
+      LOG(WARNING) << "COMET resume: the solvers of the other GPUs keep their own random "
+                   << "generators, seeded anew (only the root's are saved); not exact";
+    return;
+  }
   std::istringstream rs(rng_state);
   rs >> *caffe_rng();
   std::ostringstream check;  // the generator writes back exactly what it read, or it was corrupt

@@ -212,7 +212,7 @@ void CometStatistics<Dtype>::Report(int iter, std::vector<CometEntry>* entries) 
            work > 0 ? 100. * std::max(0., work - wait_ms) / work : 0.);
   LOG(INFO) << line;
   if (param_.memory_pool()) {
-    const CometPoolStats pool = CometPoolQuery();
+    const CometPoolStats pool = CometPoolQueryHere();  // this solver's device's (-gpu all)
     LOG(INFO) << "COMET memory pool: reused " << pool.hits << ", allocated " << pool.misses
               << ", returned " << pool.evicted << ", cached " << FormatBytes(pool.cached)
               << ", held at most " << FormatBytes(pool.peak_held) << " (in use at most "

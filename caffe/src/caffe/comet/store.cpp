@@ -299,8 +299,9 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
       measuring_(false), plan_mode_(Caffe::mode()), in_flight_(0),
       max_in_flight_(0), tiled_gemm_(false), flushing_(false), in_step_(false), float_mode_(0) {
   CheckSettings(param_, *net_);
-  if (param_.async()) worker_.reset(new CometWorker());
   const bool cpu = Caffe::mode() == Caffe::CPU;
+  if (param_.async())
+    worker_.reset(new CometWorker(cpu ? CometWorker::Job() : CometTakeThisDevice()));
   if (!cpu && param_.async()) side_stream_.reset(new CometSideStream());
   std::string why;
   if (cpu && param_.tiled_gemm()) {

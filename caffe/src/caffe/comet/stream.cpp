@@ -43,6 +43,16 @@ void* CometSideStream::Mark() {
   return e;
 }
 
+std::function<void()> CometTakeThisDevice() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  return [device] {
+    int current = 0;
+    CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device) CUDA_CHECK(cudaSetDevice(device));
+  };
+}
+
 CometOnDevice::CometOnDevice(int device) : previous_(device), device_(device) {
   CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != device_) CUDA_CHECK(cudaSetDevice(device_));
@@ -96,6 +106,10 @@ void* CometSideStream::Mark() {
 }
 void CometSideStream::WaitFor(void*) { NO_GPU; }
 void CometSideStream::Run(const std::function<void()>&) { NO_GPU; }
+std::function<void()> CometTakeThisDevice() {
+  NO_GPU;
+  return std::function<void()>();
+}
 #endif  // CPU_ONLY
 
 }  // namespace caffe

@@ -113,8 +113,8 @@ void CometTeam::Run(int n, void (*task)(void*, int), void* arg, bool fork_when_b
   done_.wait(lock, [this] { return left_ == 0; });
 }
 
-CometWorker::CometWorker() : submitted_(0), finished_(0), stop_(false) {
-  thread_ = std::thread(&CometWorker::Run, this);
+CometWorker::CometWorker(const Job& on_start) : submitted_(0), finished_(0), stop_(false) {
+  thread_ = std::thread(&CometWorker::Run, this, on_start);
 }
 
 CometWorker::~CometWorker() {
@@ -181,8 +181,9 @@ double CometWorker::Wait(uint64_t ticket) {
       .count();
 }
 
-void CometWorker::Run() {
+void CometWorker::Run(Job on_start) {
   on_worker = true;
+  if (on_start) on_start();
   std::unique_lock<std::mutex> lock(mutex_);
   bool busy = false;
   for (;;) {

@@ -63,6 +63,7 @@
 #include "caffe/syncedmem.hpp"
 #include "caffe/util/io.hpp"
 #include "caffe/util/math_functions.hpp"
+#include "caffe/util/rng.hpp"
 
 #include "caffe/test/test_caffe_main.hpp"
 
@@ -3097,6 +3098,44 @@ TEST_F(CometStoreTest, ABlobThatScaleAndReluMadeFromBatchNormIsRebuiltWithinTheB
 
 TEST_F(CometStoreTest, GlobalStatisticsBatchNormKeepsNoDenseXNorm) { CheckGlobalStatistics(); }
 
+// An LRN whose output only a ReLU (not in place) reads: the store keeps the output as the
+// ReLU's sign mask, and LRN's rule computes the output from the input (within a channel) or the
+// scale (across, on the CPU). With keep_compressed the mask is back on the output when the rule
+// measures (after the ReLU's backward): the rule read it as values, a fatal "held only as the
+// signs" on the first measuring step.
+TEST_F(CometStoreTest, LrnMeasuresWithItsOutputKeptAsAMask) {
+  for (int within = 0; within < 2; ++within) {
+    const std::string net =
+        "name: 'lrn_mask' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+        "dummy_data_param { shape { dim: 8 dim: 3 dim: 16 dim: 16 } shape { dim: 8 } "
+        "data_filler { type: 'gaussian' std: 1 } data_filler { type: 'uniform' min: 0 max: 3.99 } } } "
+        "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+        "num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.2 } "
+        "bias_filler { type: 'constant' value: 0.1 } } } "
+        "layer { name: 'norm1' type: 'LRN' bottom: 'conv1' top: 'norm1' lrn_param { local_size: 3 "
+        "alpha: 0.5 beta: 0.75 engine: CAFFE norm_region: " +
+        std::string(within ? "WITHIN_CHANNEL" : "ACROSS_CHANNELS") + " } } "
+        "layer { name: 'relu1' type: 'ReLU' bottom: 'norm1' top: 'r1' } "
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'r1' top: 'ip' inner_product_param { "
+        "num_output: 4 weight_filler { type: 'gaussian' std: 0.1 } } } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+    float without = 0;
+    for (int keep = 0; keep < 2; ++keep) {
+      const std::string block = std::string("comet { eb_mode: ADAPTIVE update_interval: 1 "
+                                            "keep_compressed: ") + (keep ? "true" : "false") + " }";
+      const std::string what = block + (within ? ", within a channel" : ", across channels");
+      shared_ptr<Solver<float> > solver = SolverFor(net, block, "0.01");
+      const std::string error = FatalMessageOf([&] { Run(solver.get(), 3); });
+      EXPECT_EQ(error, "") << what;
+      EXPECT_TRUE(std::isfinite(solver->net()->blob_by_name("loss")->cpu_data()[0])) << what;
+      const float eb = solver->comet()->bound("norm1");
+      EXPECT_GT(eb, 0.f) << what;
+      if (keep) EXPECT_FLOAT_EQ(eb, without) << what << ": the same measurement either way";
+      else without = eb;
+    }
+  }
+}
+
 // GoogLeNet's conv2/norm2 in small: an LRN across channels whose output only max pooling reads.
 std::string LrnPoolNet() {
   return
@@ -3884,6 +3923,31 @@ TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
   EXPECT_EQ(b->iter(), 4);
   EXPECT_FLOAT_EQ(b->comet()->bound("conv2"), eb_conv2);
   EXPECT_FLOAT_EQ(b->comet()->bound("ip1"), eb_ip1);
+}
+
+// -gpu all: every solver restores the root's snapshot. The root's random generators go back to
+// where they were; another rank's stay as its own seed (random_seed + rank) made them, or every
+// GPU would draw the root's numbers after a resume.
+TEST_F(CometStoreTest, OnlyTheRootSolverTakesTheSavedRandomGenerators) {
+  shared_ptr<Solver<float> > a = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+  Run(a.get(), 3);
+  a->Snapshot();
+  std::ostringstream saved;
+  saved << *caffe_rng();
+  const std::string state = prefix_ + "_iter_3.solverstate";
+  for (int rank = 0; rank < 2; ++rank) {
+    Caffe::set_solver_rank(rank);
+    shared_ptr<Solver<float> > b = MakeSolver("comet { eb_mode: FIXED error_bound: 1e-3 }");
+    std::ostringstream own;
+    own << *caffe_rng();
+    b->Restore(state.c_str());
+    std::ostringstream now;
+    now << *caffe_rng();
+    Caffe::set_solver_rank(0);
+    EXPECT_EQ(b->iter(), 3);
+    EXPECT_NE(own.str(), saved.str());
+    EXPECT_EQ(now.str(), rank == 0 ? saved.str() : own.str()) << "rank " << rank;
+  }
 }
 
 // A net of Sigmoid, TanH and ELU (upstream's CIFAR-10 Sigmoid example and autoencoders use the
