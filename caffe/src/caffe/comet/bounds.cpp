@@ -11,6 +11,7 @@
 #include "caffe/comet/layer_access.hpp"
 #include "caffe/comet/lrn_within.hpp"
 #include "caffe/comet/payload.hpp"
+#include "caffe/comet/payload_gpu.hpp"
 #include "caffe/comet/resume.hpp"
 #include "caffe/util/io.hpp"
 
@@ -148,6 +149,20 @@ double StdOf(double sum, double sumsq, double n) {
 }
 
 const float* DiffOf(const Blob<float>* b, bool dev) { return dev ? b->gpu_diff() : b->cpu_diff(); }
+
+// A blob's values (or gradient) where a rule reads them on the host. Values that live on the
+// device alone are copied into `copy`: cpu_data() would give the blob a pinned host buffer
+// (cudaMallocHost), held until the store frees the blob and then given back with cudaFreeHost,
+// which waits for the whole device, for every blob a measuring iteration reads.
+template <typename Dtype>
+const Dtype* HostValues(const Blob<Dtype>* b, bool diff, std::vector<Dtype>* copy) {
+  const SyncedMemory* m = (diff ? b->diff() : b->data()).get();
+  if (Caffe::mode() == Caffe::CPU || m->head() != SyncedMemory::HEAD_AT_GPU)
+    return diff ? b->cpu_diff() : b->cpu_data();  // on the host already, or the store restores it
+  copy->resize(b->count());
+  CometCopyToHost(copy->data(), diff ? b->gpu_diff() : b->gpu_data(), b->count() * sizeof(Dtype));
+  return copy->data();
+}
 const float* DiffOf(const Blob<double>*, bool) { return NULL; }  // the store keeps floats only
 }  // namespace
 
@@ -339,8 +354,9 @@ double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
   const bool across = p.norm_region() == LRNParameter_NormRegion_ACROSS_CHANNELS;
   const Blob<Dtype>* x = net_->bottom_vecs()[layer][0];
   const Blob<Dtype>* y = net_->top_vecs()[layer][0];
-  const Dtype* xd = x->cpu_data();
-  const Dtype* dy = y->cpu_diff();
+  std::vector<Dtype> x_copy, dy_copy, y_copy, s_copy;
+  const Dtype* xd = HostValues(x, false, &x_copy);
+  const Dtype* dy = HostValues(y, true, &dy_copy);
   // An output not held as values now (freed, or kept for other readers: a ReLU's sign mask, a
   // lossy copy, which keep_compressed leaves on it after their backward) is not read: LRN's CPU
   // backward across channels computes it again (patch 0027), within a channel its backward never
@@ -348,8 +364,9 @@ double CometBounds<Dtype>::LrnErrorPerBound(int layer) const {
   // within: computed from x, as the internal outputs may be freed too).
   const bool freed = y->data()->comet_payload() ||
                      y->data()->head() == SyncedMemory::UNINITIALIZED;
-  const Dtype* yd = freed ? NULL : y->cpu_data();
-  const Dtype* sd = freed && across ? CometLayerAccess<Dtype>::lrn_scale(l)->cpu_data() : NULL;
+  const Dtype* yd = freed ? NULL : HostValues(y, false, &y_copy);
+  const Dtype* sd =
+      freed && across ? HostValues(CometLayerAccess<Dtype>::lrn_scale(l), false, &s_copy) : NULL;
   std::vector<float> within;  // s^-b
   if (freed && !across) {
     std::vector<float> xf(xd, xd + x->count());
@@ -403,8 +420,9 @@ double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) co
       : of_input ? net_->bottom_vecs()[layer][0]
                  : net_->top_vecs()[layer][0];
   const LayerParameter& lp = net_->layers()[layer]->layer_param();
-  const Dtype* yd = y->cpu_data();
-  const Dtype* dy = net_->top_vecs()[layer][0]->cpu_diff();
+  std::vector<Dtype> y_copy, dy_copy;
+  const Dtype* yd = HostValues(y, false, &y_copy);
+  const Dtype* dy = HostValues(net_->top_vecs()[layer][0], true, &dy_copy);
   const double beta = lp.swish_param().beta();
   double sum = 0, m1 = 0, m2 = 0;
   if (kind == CometLayerFacts::SOFTMAX_OF_OUTPUT) {
@@ -461,9 +479,10 @@ double CometBounds<Dtype>::BatchNormErrorScale(int layer, double* spread) const 
   const Blob<Dtype>* top = net_->top_vecs()[layer][0];
   const int num = y->shape(0), channels = sd->count();
   const int spatial = y->count() / (num * channels);
-  const Dtype* yd = y->cpu_data();
-  const Dtype* dy = top->cpu_diff();
-  const Dtype* s = sd->cpu_data();
+  std::vector<Dtype> y_copy, dy_copy, s_copy;
+  const Dtype* yd = HostValues(y, false, &y_copy);
+  const Dtype* dy = HostValues(top, true, &dy_copy);
+  const Dtype* s = HostValues(sd, false, &s_copy);
   double total = 0, y1 = 0, y2 = 0;
   for (int c = 0; c < channels; ++c) {
     double m1 = 0;
