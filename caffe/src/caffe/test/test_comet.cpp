@@ -3524,7 +3524,7 @@ class ScratchAfterBackward : public caffe::Net<float>::Callback {
     if (layer != layer_) return;
     scratch_ = store_->memory().current[CometMemory::SCRATCH];
     samples_ = store_->error_sample_bytes();
-    encoder_ = CometEncoderHeldBytes() + CometGpuPoolQuery().cached;
+    encoder_ = CometEncoderHeldBytes();  // a CPU step: no device pool counts
   }
 
  private:
