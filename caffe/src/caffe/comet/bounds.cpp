@@ -149,6 +149,7 @@ double StdOf(double sum, double sumsq, double n) {
 }
 
 const float* DiffOf(const Blob<float>* b, bool dev) { return dev ? b->gpu_diff() : b->cpu_diff(); }
+const float* DiffOf(const Blob<double>*, bool) { return NULL; }  // the store keeps floats only
 
 // A blob's values (or gradient) where a rule reads them on the host. Values that live on the
 // device alone are copied into `copy`: cpu_data() would give the blob a pinned host buffer
@@ -163,7 +164,7 @@ const Dtype* HostValues(const Blob<Dtype>* b, bool diff, std::vector<Dtype>* cop
   CometCopyToHost(copy->data(), diff ? b->gpu_diff() : b->gpu_data(), b->count() * sizeof(Dtype));
   return copy->data();
 }
-const float* DiffOf(const Blob<double>*, bool) { return NULL; }  // the store keeps floats only
+
 }  // namespace
 
 // Whether the layer's bound has a rule of its own to measure (adaptive, not following another,

@@ -717,7 +717,6 @@ void CometStore<Dtype>::FollowMode() {
   const bool gpu = Caffe::mode() == Caffe::GPU;
   LOG(INFO) << "COMET: Caffe runs in " << (gpu ? "GPU" : "CPU") << " mode now, the plan was made "
             << "in " << (gpu ? "CPU" : "GPU") << " mode; re-planning";
-  FinishAll();
   if (gpu && param_.async() && !side_stream_) side_stream_.reset(new CometSideStream());
   std::string why;
   if (!gpu && param_.tiled_gemm() && !tiled_gemm_ && CometGemm::Available(&why)) {

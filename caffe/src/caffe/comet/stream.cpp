@@ -43,14 +43,19 @@ void* CometSideStream::Mark() {
   return e;
 }
 
+namespace {
+// The calling thread's device from now on (no scope gives the last one back).
+void UseDevice(int device) {
+  int current = 0;
+  CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device) CUDA_CHECK(cudaSetDevice(device));
+}
+}  // namespace
+
 std::function<void()> CometTakeThisDevice() {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  return [device] {
-    int current = 0;
-    CUDA_CHECK(cudaGetDevice(&current));
-    if (current != device) CUDA_CHECK(cudaSetDevice(device));
-  };
+  return [device] { UseDevice(device); };
 }
 
 CometOnDevice::CometOnDevice(int device) : previous_(device), device_(device) {
@@ -69,13 +74,8 @@ namespace {
 class OnStreamDevice {
  public:
   explicit OnStreamDevice(int device) {
-    if (!CometWorker::OnWorker()) {
-      scoped_.reset(new CometOnDevice(device));
-      return;
-    }
-    int current = 0;
-    CUDA_CHECK(cudaGetDevice(&current));
-    if (current != device) CUDA_CHECK(cudaSetDevice(device));
+    if (CometWorker::OnWorker()) UseDevice(device);
+    else scoped_.reset(new CometOnDevice(device));
   }
 
  private:

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <limits>
@@ -3511,25 +3512,20 @@ TEST_F(CometStoreTest, EncoderBuffersCountInTheTrackedMemory) {
   EXPECT_EQ(stats.memory().peak_total, total + 12345);
 }
 
-// The tracked scratch and the weight rule's samples when a layer's backward has run (a callback
-// after the store's, which samples the memory there).
-class ScratchAfterBackward : public caffe::Net<float>::Callback {
+// Runs `what` when the net's pass reaches `layer` (registered after the store's callbacks, it
+// sees what the store did there).
+class AtLayer : public caffe::Net<float>::Callback {
  public:
-  ScratchAfterBackward(const CometStore<float>* store, int layer)
-      : scratch_(0), samples_(0), encoder_(0), store_(store), layer_(layer) {}
-  size_t scratch_, samples_, encoder_;
+  AtLayer(int layer, const std::function<void()>& what) : layer_(layer), what_(what) {}
 
  protected:
   virtual void run(int layer) {
-    if (layer != layer_) return;
-    scratch_ = store_->memory().current[CometMemory::SCRATCH];
-    samples_ = store_->error_sample_bytes();
-    encoder_ = CometEncoderHeldBytes();  // a CPU step: no device pool counts
+    if (layer == layer_) what_();
   }
 
  private:
-  const CometStore<float>* store_;
   int layer_;
+  std::function<void()> what_;
 };
 
 // On a measuring iteration the weight rule holds a sample of each sampled input from its encode
@@ -3542,11 +3538,16 @@ TEST_F(CometStoreTest, TheWeightRulesSamplesCountInTheTrackedMemory) {
   Run(on.get(), 1);  // the first step: the plan and the buffers settle
   const int ip1 = 6;
   ASSERT_EQ(on->net()->layer_names()[ip1], "ip1");
-  ScratchAfterBackward probe(on->comet(), ip1);
+  size_t scratch = 0, samples = 0, encoder = 0;
+  AtLayer probe(ip1, [&] {  // after the store sampled the memory there
+    scratch = on->comet()->memory().current[CometMemory::SCRATCH];
+    samples = on->comet()->error_sample_bytes();
+    encoder = CometEncoderHeldBytes();  // a CPU step: no device pool counts
+  });
   on->net()->add_after_backward(&probe);
   Run(on.get(), 1);
-  EXPECT_GE(probe.samples_, on->net()->blob_by_name("pool1")->count() * sizeof(float));
-  EXPECT_EQ(probe.scratch_, probe.encoder_ + probe.samples_);
+  EXPECT_GE(samples, on->net()->blob_by_name("pool1")->count() * sizeof(float));
+  EXPECT_EQ(scratch, encoder + samples);
   EXPECT_EQ(on->comet()->error_sample_bytes(), 0u) << "each used once, in its layer's backward";
 }
 
@@ -4575,23 +4576,6 @@ TEST_F(CometStoreTest, AForwardThatBeginsLaterSaysWhereToBegin) {
   EXPECT_EQ(on->iter(), 2);
 }
 
-// The store's jobs not finished when a layer's forward starts (a callback after the store's).
-class QueuedJobsAtLayer : public caffe::Net<float>::Callback {
- public:
-  QueuedJobsAtLayer(const CometStore<float>* store, int layer)
-      : store_(store), layer_(layer), seen_(-1) {}
-  int seen() const { return seen_; }
-
- protected:
-  virtual void run(int layer) {
-    if (layer == layer_) seen_ = static_cast<int>(store_->jobs_queued());
-  }
-
- private:
-  const CometStore<float>* store_;
-  int layer_, seen_;
-};
-
 TEST_F(CometStoreTest, AForwardThatStartsOverFinishesTheQueuedWorkFirst) {
   // pycaffe's forward(end='conv2') queues pool1's encode (conv2 is its last forward reader);
   // a forward(start='conv1') then rewrites pool1. The encode is finished before conv1's forward
@@ -4608,12 +4592,13 @@ TEST_F(CometStoreTest, AForwardThatStartsOverFinishesTheQueuedWorkFirst) {
   ASSERT_GT(on->comet()->jobs_queued(), 0u);
   const Blob<float>* out = net->blob_by_name("conv2").get();
   const std::vector<float> before(out->cpu_data(), out->cpu_data() + out->count());
-  QueuedJobsAtLayer probe(on->comet(), conv1);
+  int queued = -1;  // the store's jobs not finished when conv1's forward starts
+  AtLayer probe(conv1, [&] { queued = static_cast<int>(on->comet()->jobs_queued()); });
   net->add_before_forward(&probe);
   Blob<float>* w = net->layer_by_name("conv1")->blobs()[0].get();
   caffe_scal(w->count(), 2.f, w->mutable_cpu_data());  // new values for conv1 and pool1
   net->ForwardFromTo(conv1, conv2);
-  EXPECT_EQ(probe.seen(), 0);
+  EXPECT_EQ(queued, 0);
   // the same layers in a net without a store, from the input this forward read (lossy: the
   // data blob and pool1 are each within 1e-3 of it)
   shared_ptr<Solver<float> > off = MakeSolver("");
@@ -4862,18 +4847,17 @@ TEST_F(CometGPUTest, TheStoreFollowsAModeSwitchedAfterTheSolverIsMade) {
   ASSERT_EQ(a.size(), b.size());
   for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << i;
   const CometStore<float>* store = on->comet();
-  int norm1 = -1;
-  for (int e = 0; e < store->entries().size(); ++e)
-    if (store->entries()[e].blob == "norm1") norm1 = e;
-  EXPECT_TRUE(norm1 < 0 || store->entries()[norm1].action != CometStore<float>::RELEASE)
+  const auto norm1 = [store]() -> const CometStore<float>::Entry* {
+    for (int e = 0; e < store->entries().size(); ++e)
+      if (store->entries()[e].blob == "norm1") return &store->entries()[e];
+    return NULL;
+  };
+  EXPECT_TRUE(!norm1() || norm1()->action != CometStore<float>::RELEASE)
       << "the GPU's backward reads norm1";
   Caffe::set_mode(Caffe::CPU);
   Run(on.get(), 1);
-  norm1 = -1;
-  for (int e = 0; e < store->entries().size(); ++e)
-    if (store->entries()[e].blob == "norm1") norm1 = e;
-  ASSERT_GE(norm1, 0);
-  EXPECT_EQ(store->entries()[norm1].action, CometStore<float>::RELEASE);
+  ASSERT_TRUE(norm1() != NULL);
+  EXPECT_EQ(norm1()->action, CometStore<float>::RELEASE);
 }
 
 // Patch 0015's Forward_gpu: the argmax stays in its window with NaN, Inf and -Inf windows.
