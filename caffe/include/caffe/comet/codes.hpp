@@ -210,6 +210,13 @@ COMET_HD int max_pool_target(uint32_t code, int ph, int pw, const PoolGeometry& 
   const int w = pw * g.stride_w - g.pad_w + static_cast<int>(code) % g.kernel_w;
   return h >= 0 && h < g.height && w >= 0 && w < g.width ? h * g.width + w : -1;
 }
+// Whether the argmax code of pooled element i (flattened over planes and pooled positions) names
+// an element of its window inside the plane: every code the forward writes does; a corrupt one
+// whose popcount still matches may not, and would send a gradient outside its window.
+COMET_HD bool argmax_code_names_its_window(uint32_t code, size_t i, const PoolGeometry& g) {
+  return max_pool_target(code, static_cast<int>((i / g.pooled_width) % g.pooled_height),
+                         static_cast<int>(i % g.pooled_width), g) >= 0;
+}
 
 // ReLU's backward from the sign mask alone: upstream computes
 // top_diff * ((x > 0) + negative_slope * (x <= 0)), and the mask bit is x > 0.

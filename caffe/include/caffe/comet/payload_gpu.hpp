@@ -26,18 +26,19 @@ void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
                        uint32_t* words, uint32_t* popcount, bool* bad);
 void CometCodesUnpackGpu(const uint32_t* words, size_t count, int bits, bool argmax,
                          const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
-                         int32_t* v, uint32_t* popcount);
+                         int32_t* v, uint32_t* popcount, bool* bad);
 void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_diff,
                           float* bottom_diff, float negative_slope, uint32_t* popcount);
 
 // Max pooling straight into codes (CometPoolToCodes, CometPoolBackwardFromCodes); `count`: the
 // pooled elements. The backward writes every bottom diff, gathering as upstream's kernel does.
+// Argmax decodes and the backward set *bad for a code that names no element of its window.
 void CometPoolToCodesGpu(const float* bottom, float* top, size_t count, int bits,
                          const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
                          bool* bad);
 void CometPoolBackwardGpu(const uint32_t* words, size_t count, int bits,
                           const comet_codes::PoolGeometry& g, const float* top_diff,
-                          float* bottom_diff, uint32_t* popcount);
+                          float* bottom_diff, uint32_t* popcount, bool* bad);
 
 // payload.cu. Encode: plans the stream (sz's scratch, ~0.16 bytes per value, is the whole
 // transient), allocates the payload at its exact size and writes it; an sz status.

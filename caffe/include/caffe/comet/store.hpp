@@ -166,7 +166,11 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   // The layer this forward pass began at (0 in a training step; pycaffe's forward(start=...)
   // begins later), and the last layer whose forward ran (-2 once a backward ran).
   int forward_from_, last_forward_;
+  // The bounds are measured on a step's first forward and backward pass alone: with iter_size
+  // above 1 the later passes add their gradients to the first's, which the rules would take for
+  // one batch's (a target up to iter_size times too large, a bound doubled once a pass).
   bool measuring_;
+  int passes_in_step_;  // whole forward passes since on_start
   Caffe::Brew plan_mode_;  // the mode the plan is for: some layers' facts depend on it
   shared_ptr<CometWorker> worker_;        // NULL without comet { async }
   shared_ptr<CometSideStream> side_stream_;  // GPU mode with async: the device jobs' stream

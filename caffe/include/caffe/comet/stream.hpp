@@ -8,8 +8,40 @@
 // that CPU-only code includes this header.
 
 #include <functional>
+#include <stdexcept>
+#include <string>
 
 namespace caffe {
+
+// A failure of COMET's own device work (COMET_CUDA_CHECK, an allocation the device cannot make).
+// In a store's job (an encode or decode; CometJobScope on the thread, on the worker or in the
+// step) it is thrown as a CometJobFailure, which the job keeps as its error: the step then stops
+// naming the blob, the layer and the iteration (the worker thread cannot stop the step, and a
+// bare abort there named nothing). Elsewhere it is a fatal error (CometFatal: pycaffe raises)
+// naming what the step was doing (CometReadContext).
+class CometJobFailure : public std::runtime_error {
+ public:
+  explicit CometJobFailure(const std::string& what) : std::runtime_error(what) {}
+};
+class CometJobScope {
+ public:
+  CometJobScope();
+  ~CometJobScope();
+
+ private:
+  bool previous_;
+};
+void CometWorkFailed(const std::string& message);
+#ifndef CPU_ONLY
+// `error`: a cudaError_t; `call`: the expression, for the message.
+void CometCudaFailed(int error, const char* call, const char* file, int line);
+#define COMET_CUDA_CHECK(call)                                              \
+  do {                                                                      \
+    const cudaError_t comet_error_ = (call);                                \
+    if (comet_error_ != cudaSuccess)                                        \
+      ::caffe::CometCudaFailed(comet_error_, #call, __FILE__, __LINE__);    \
+  } while (0)
+#endif
 
 // This thread's stream for COMET's kernels, copies and sz calls: NULL (the default stream)
 // unless a CometOnStream scope names another.

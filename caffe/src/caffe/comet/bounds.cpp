@@ -154,11 +154,15 @@ const float* DiffOf(const Blob<double>*, bool) { return NULL; }  // the store ke
 // A blob's values (or gradient) where a rule reads them on the host. Values that live on the
 // device alone are copied into `copy`: cpu_data() would give the blob a pinned host buffer
 // (cudaMallocHost), held until the store frees the blob and then given back with cudaFreeHost,
-// which waits for the whole device, for every blob a measuring iteration reads.
+// which waits for the whole device, for every blob a measuring iteration reads. A blob held as
+// a device payload (not decoded ahead) is restored on the device by gpu_data() and copied too:
+// its head says UNINITIALIZED, which the host branch would take.
 template <typename Dtype>
 const Dtype* HostValues(const Blob<Dtype>* b, bool diff, std::vector<Dtype>* copy) {
-  const SyncedMemory* m = (diff ? b->diff() : b->data()).get();
-  if (Caffe::mode() == Caffe::CPU || m->head() != SyncedMemory::HEAD_AT_GPU)
+  SyncedMemory* m = (diff ? b->diff() : b->data()).get();
+  const bool device_payload = m->comet_payload() && m->comet_payload()->on_device();
+  if (Caffe::mode() == Caffe::CPU ||
+      (m->head() != SyncedMemory::HEAD_AT_GPU && !device_payload))
     return diff ? b->cpu_diff() : b->cpu_data();  // on the host already, or the store restores it
   copy->resize(b->count());
   CometCopyToHost(copy->data(), diff ? b->gpu_diff() : b->gpu_data(), b->count() * sizeof(Dtype));

@@ -8,6 +8,7 @@
 #include "caffe/common.hpp"
 #include "caffe/comet/error_model.hpp"
 #include "caffe/comet/mask.hpp"
+#include "caffe/comet/stream.hpp"
 #include "sz/sz.h"
 
 namespace caffe {
@@ -287,7 +288,7 @@ std::vector<float> CometGatherRows(const float* src, bool on_device, int rows, s
   if (out.empty()) return out;
   if (on_device) {
 #ifndef CPU_ONLY
-    CUDA_CHECK(cudaMemcpy2D(out.data(), width * sizeof(float), src + offset,
+    COMET_CUDA_CHECK(cudaMemcpy2D(out.data(), width * sizeof(float), src + offset,
                             pitch * sizeof(float), width * sizeof(float), rows,
                             cudaMemcpyDeviceToHost));
 #else

@@ -34,7 +34,7 @@ void CometLrnWithinBackwardGpu(const LRNParameter& p, int planes, int height, in
                             CAFFE_CUDA_NUM_THREADS, 0,
                             static_cast<cudaStream_t>(CometStream())>>>(
       x, dy, dx, count, CometLrnGeometry(p, height, width));
-  CUDA_POST_KERNEL_CHECK;
+  COMET_CUDA_CHECK(cudaPeekAtLastError());
 }
 
 }  // namespace caffe

@@ -90,13 +90,19 @@ __global__ void PackCodesKernel(const int32_t* v, size_t count, int bits, bool a
   AddPerWarp(pc, any_bad, popcount, bad);
 }
 
+// Raises *bad for an argmax code that names no element of its window, as the host's decode does.
 __global__ void UnpackCodesKernel(const uint32_t* words, size_t count, int bits, bool argmax,
                                   comet_codes::PoolGeometry g, comet_codes::BinaryRule r,
-                                  int32_t* v) {
+                                  int32_t* v, int* bad) {
+  int any_bad = 0;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(blockDim.x) * gridDim.x) {
     v[i] = comet_codes::unpack_code(words, i, bits, argmax, g, r);
+    if (argmax && !comet_codes::argmax_code_names_its_window(comet_codes::code_at(words, i, bits),
+                                                              i, g))
+      any_bad = 1;
   }
+  AddPerWarp(0, any_bad, NULL, bad);
 }
 
 __global__ void ReluBackwardKernel(const uint32_t* words, size_t count, const float* top_diff,
@@ -147,18 +153,27 @@ __global__ void PoolToCodesKernel(const float* bottom, float* top, size_t count,
 }
 
 // Max pooling's backward from codes: a thread per bottom element, as upstream's MaxPoolBackward.
-__global__ void PoolBackwardKernel(const uint32_t* words, int bits, comet_codes::PoolGeometry g,
-                                   const float* top_diff, float* bottom_diff,
-                                   size_t bottom_count) {
+// A gather drops a code that names no element of its window without a trace, so the same grid
+// also checks each of the `count` codes, and raises *bad for such a one (the host's scatter
+// refuses it).
+__global__ void PoolBackwardKernel(const uint32_t* words, size_t count, int bits,
+                                   comet_codes::PoolGeometry g, const float* top_diff,
+                                   float* bottom_diff, size_t bottom_count, int* bad) {
   const size_t plane = static_cast<size_t>(g.height) * g.width;
   const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < bottom_count;
-       i += static_cast<size_t>(blockDim.x) * gridDim.x) {
+  const size_t first = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  for (size_t i = first; i < bottom_count; i += stride) {
     const size_t q = i / plane, r = i - q * plane;
     bottom_diff[i] = comet_codes::max_pool_diff_at(
         words, bits, q * pooled, top_diff + q * pooled, static_cast<int>(r / g.width),
         static_cast<int>(r % g.width), g);
   }
+  int any_bad = 0;
+  for (size_t i = first; i < count; i += stride)
+    if (!comet_codes::argmax_code_names_its_window(comet_codes::code_at(words, i, bits), i, g))
+      any_bad = 1;
+  AddPerWarp(0, any_bad, NULL, bad);
 }
 
 const int kThreads = CAFFE_CUDA_NUM_THREADS;
@@ -168,8 +183,8 @@ cudaStream_t Stream() { return static_cast<cudaStream_t>(CometStream()); }
 
 // A few bytes a kernel on this thread's stream wrote, read back once the stream got there.
 void ReadBack(void* host, const void* device, size_t bytes) {
-  CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, Stream()));
-  CUDA_CHECK(cudaStreamSynchronize(Stream()));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, Stream()));
+  COMET_CUDA_CHECK(cudaStreamSynchronize(Stream()));
 }
 
 int Blocks(size_t n) {
@@ -177,20 +192,21 @@ int Blocks(size_t n) {
   return static_cast<int>(b < 4096 ? (b ? b : 1) : 4096);
 }
 
-// Runs `launch(popcount, flag)` on two device counters set to 0 and reads them back: the
-// popcount a kernel summed and whether any thread raised its flag.
+// Runs `launch(popcount, flag, second)` on three device counters set to 0 and reads them back
+// at once: the popcount its kernels summed and whether any thread raised either flag.
 template <typename Launch>
-void LaunchCounting(Launch launch, uint32_t* popcount, bool* flag) {
-  uint32_t* d_counts;  // [popcount, flag]
-  CometGpuMalloc(reinterpret_cast<void**>(&d_counts), 2 * sizeof(uint32_t));
-  CUDA_CHECK(cudaMemsetAsync(d_counts, 0, 2 * sizeof(uint32_t), Stream()));
-  launch(d_counts, reinterpret_cast<int*>(d_counts + 1));
-  CUDA_POST_KERNEL_CHECK;
-  uint32_t h[2];
+void LaunchCounting(Launch launch, uint32_t* popcount, bool* flag, bool* second = NULL) {
+  uint32_t* d_counts;  // [popcount, flag, second]
+  CometGpuMalloc(reinterpret_cast<void**>(&d_counts), 3 * sizeof(uint32_t));
+  COMET_CUDA_CHECK(cudaMemsetAsync(d_counts, 0, 3 * sizeof(uint32_t), Stream()));
+  launch(d_counts, reinterpret_cast<int*>(d_counts + 1), reinterpret_cast<int*>(d_counts + 2));
+  COMET_CUDA_CHECK(cudaPeekAtLastError());
+  uint32_t h[3];
   ReadBack(h, d_counts, sizeof(h));
-  CometGpuFree(d_counts, 2 * sizeof(uint32_t));
+  CometGpuFree(d_counts, 3 * sizeof(uint32_t));
   *popcount = h[0];
   *flag = h[1] != 0;
+  if (second) *second = h[2] != 0;
 }
 
 }  // namespace
@@ -198,19 +214,23 @@ void LaunchCounting(Launch launch, uint32_t* popcount, bool* flag) {
 void CometMaskPackGpu(const float* x, size_t count, uint32_t* words, uint32_t* popcount,
                       bool* nonfinite) {
   const size_t nwords = comet_mask::words(count);
-  LaunchCounting([&](uint32_t* pc, int* flag) {
+  LaunchCounting([&](uint32_t* pc, int* flag, int*) {
     PackKernel<<<Blocks(nwords), kThreads, 0, Stream()>>>(x, count, words, nwords, pc, flag);
   }, popcount, nonfinite);
 }
 
-// Sets *popcount to the popcount of a device bit stream for the callers' checks, the same
-// figure as HostPopcount's (payload.cpp), a corrupt stream's included.
-static void DevicePopcount(const uint32_t* words, size_t total_bits, uint32_t* popcount) {
+// Runs `launch(bad)` (the kernels that read the stream; they may raise *bad), then sets *popcount
+// to the popcount of the device bit stream for the callers' checks, the same figure as
+// HostPopcount's (payload.cpp), a corrupt stream's included; one read back for both.
+template <typename Launch>
+void ReadThenCount(Launch launch, const uint32_t* words, size_t total_bits, uint32_t* popcount,
+                   bool* bad = NULL) {
   const size_t nwords = (total_bits + 31) / 32;
   bool tail_set = false;
-  LaunchCounting([&](uint32_t* pc, int* flag) {
-    PopcountKernel<<<Blocks(nwords), kThreads, 0, Stream()>>>(words, nwords, total_bits, pc, flag);
-  }, popcount, &tail_set);
+  LaunchCounting([&](uint32_t* pc, int* tail, int* flag) {
+    launch(flag);
+    PopcountKernel<<<Blocks(nwords), kThreads, 0, Stream()>>>(words, nwords, total_bits, pc, tail);
+  }, popcount, &tail_set, bad);
   if (tail_set) *popcount = ~*popcount;
 }
 
@@ -218,20 +238,20 @@ static void DevicePopcount(const uint32_t* words, size_t total_bits, uint32_t* p
 // set bits for the caller's check.
 void CometMaskDecodeGpu(const uint32_t* words, size_t count, float* x, bool apply_signs,
                         uint32_t* popcount) {
-  if (apply_signs) {
-    ApplySignsKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, x);
-  } else {
-    UnpackKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, x);
-  }
-  CUDA_POST_KERNEL_CHECK;
-  DevicePopcount(words, count, popcount);
+  ReadThenCount([&](int*) {
+    if (apply_signs) {
+      ApplySignsKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, x);
+    } else {
+      UnpackKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, x);
+    }
+  }, words, count, popcount);
 }
 
 void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
                        const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
                        uint32_t* words, uint32_t* popcount, bool* bad) {
   const size_t nwords = comet_codes::words(count, bits);
-  LaunchCounting([&](uint32_t* pc, int* flag) {
+  LaunchCounting([&](uint32_t* pc, int* flag, int*) {
     PackCodesKernel<<<Blocks(nwords), kThreads, 0, Stream()>>>(v, count, bits, argmax, g, r, words,
         nwords, pc, flag);
   }, popcount, bad);
@@ -239,24 +259,25 @@ void CometCodesPackGpu(const int32_t* v, size_t count, int bits, bool argmax,
 
 void CometCodesUnpackGpu(const uint32_t* words, size_t count, int bits, bool argmax,
                          const comet_codes::PoolGeometry& g, const comet_codes::BinaryRule& r,
-                         int32_t* v, uint32_t* popcount) {
-  UnpackCodesKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, bits, argmax, g, r, v);
-  CUDA_POST_KERNEL_CHECK;
-  DevicePopcount(words, count * bits, popcount);
+                         int32_t* v, uint32_t* popcount, bool* bad) {
+  ReadThenCount([&](int* flag) {
+    UnpackCodesKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, bits, argmax, g, r,
+                                                                 v, flag);
+  }, words, count * bits, popcount, bad);
 }
 
 void CometReluBackwardGpu(const uint32_t* words, size_t count, const float* top_diff,
                           float* bottom_diff, float negative_slope, uint32_t* popcount) {
-  ReluBackwardKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, top_diff, bottom_diff,
-      negative_slope);
-  CUDA_POST_KERNEL_CHECK;
-  DevicePopcount(words, count, popcount);
+  ReadThenCount([&](int*) {
+    ReluBackwardKernel<<<Blocks(count), kThreads, 0, Stream()>>>(words, count, top_diff,
+                                                                  bottom_diff, negative_slope);
+  }, words, count, popcount);
 }
 
 void CometPoolToCodesGpu(const float* bottom, float* top, size_t count, int bits,
                          const comet_codes::PoolGeometry& g, uint32_t* words, uint32_t* popcount,
                          bool* bad) {
-  LaunchCounting([&](uint32_t* pc, int* flag) {
+  LaunchCounting([&](uint32_t* pc, int* flag, int*) {
     PoolToCodesKernel<<<Blocks(count), kThreads, 0, Stream()>>>(bottom, top, count, bits, g, words,
         pc, flag);
   }, popcount, bad);
@@ -264,13 +285,13 @@ void CometPoolToCodesGpu(const float* bottom, float* top, size_t count, int bits
 
 void CometPoolBackwardGpu(const uint32_t* words, size_t count, int bits,
                           const comet_codes::PoolGeometry& g, const float* top_diff,
-                          float* bottom_diff, uint32_t* popcount) {
+                          float* bottom_diff, uint32_t* popcount, bool* bad) {
   const size_t pooled = static_cast<size_t>(g.pooled_height) * g.pooled_width;
   const size_t bottom_count = count / pooled * g.height * g.width;
-  PoolBackwardKernel<<<Blocks(bottom_count), kThreads, 0, Stream()>>>(words, bits, g, top_diff,
-      bottom_diff, bottom_count);
-  CUDA_POST_KERNEL_CHECK;
-  DevicePopcount(words, count * bits, popcount);
+  ReadThenCount([&](int* flag) {
+    PoolBackwardKernel<<<Blocks(bottom_count), kThreads, 0, Stream()>>>(words, count, bits, g,
+        top_diff, bottom_diff, bottom_count, flag);
+  }, words, count * bits, popcount, bad);
 }
 
 }  // namespace caffe

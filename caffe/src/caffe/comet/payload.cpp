@@ -300,6 +300,10 @@ bool PopcountMatches(const CometPayload& p, uint32_t popcount, std::string* erro
   return false;
 }
 
+// An argmax code whose popcount still matches may name padding or lie past its window: refused
+// (upstream's backward would send the gradient outside the window, or outside the plane).
+const char kCodeOutsideItsWindow[] = "a code names no element of its window";
+
 // Popcount of a host bit stream of total_bits bits; bits past the end must be clear, and a set
 // one makes the count wrong on purpose.
 // Built for the popcnt instruction where the CPU has it (Caffe's flags target baseline x86-64,
@@ -400,24 +404,37 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
     const comet_codes::PoolGeometry& g = p.pool;
     // argmax_index_at is linear in the window's corner: the index is the corner (code 0) plus
     // an offset that depends on the code alone, so a table of offsets replaces its division per
-    // element. Codes past the table (a corrupt payload; the popcount check below refuses it)
-    // take the shared function itself.
-    std::vector<int> offset(argmax ? g.kernel_h * g.kernel_w : 0);
-    for (size_t c = 0; c < offset.size(); ++c)
+    // element, and tables of the code's row and column in the window check that it names an
+    // element of the plane. Codes past the tables name none.
+    const int ncodes = argmax ? g.kernel_h * g.kernel_w : 0;
+    std::vector<int> offset(ncodes), row(ncodes), col(ncodes);
+    for (int c = 0; c < ncodes; ++c) {
       offset[c] = comet_codes::argmax_index_at(static_cast<uint32_t>(c), 0, 0, g) -
                   comet_codes::argmax_index_at(0, 0, 0, g);
+      row[c] = c / g.kernel_w;
+      col[c] = c % g.kernel_w;
+    }
+    std::atomic<int> any_bad(0);
     ParallelRanges(p.count(), 1, [&](size_t i0, size_t i1) {
       int ph = static_cast<int>((i0 / g.pooled_width) % g.pooled_height);
       int pw = static_cast<int>(i0 % g.pooled_width);
       int corner = comet_codes::argmax_index_at(0, ph, pw, g);
+      bool bad = false;
       for (size_t i = i0; i < i1; ++i) {
         const uint32_t code = comet_codes::code_at(words, i, p.code_bits);
         if (!argmax) {
           out[i] = static_cast<int32_t>(code ? p.binary.one : 0u);
           continue;
         }
-        out[i] = code < offset.size() ? corner + offset[code]
-                                      : comet_codes::argmax_index_at(code, ph, pw, g);
+        if (code < static_cast<uint32_t>(ncodes)) {
+          out[i] = corner + offset[code];
+          const int h = ph * g.stride_h - g.pad_h + row[code];
+          const int w = pw * g.stride_w - g.pad_w + col[code];
+          bad = bad || h < 0 || h >= g.height || w < 0 || w >= g.width;
+        } else {
+          out[i] = comet_codes::argmax_index_at(code, ph, pw, g);
+          bad = true;
+        }
         corner += g.stride_w;
         if (++pw == g.pooled_width) {
           pw = 0;
@@ -425,11 +442,21 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
           corner = comet_codes::argmax_index_at(0, ph, 0, g);
         }
       }
+      if (bad) any_bad = 1;
     });
+    if (any_bad) {
+      *error = kCodeOutsideItsWindow;
+      return false;
+    }
     popcount = HostPopcount(words, p.count() * p.code_bits);
   } else {
+    bool bad = false;
     CometCodesUnpackGpu(static_cast<const uint32_t*>(p.data()), p.count(), p.code_bits, argmax,
-                        p.pool, p.binary, out, &popcount);
+                        p.pool, p.binary, out, &popcount, &bad);
+    if (bad) {
+      *error = kCodeOutsideItsWindow;
+      return false;
+    }
   }
   return PopcountMatches(p, popcount, error);
 }
@@ -522,13 +549,18 @@ bool CometPoolBackwardFromCodes(const CometPayload& codes, const float* top_diff
       if (b) any_bad = 1;
     });
     if (any_bad) {
-      *error = "a code names no element of its window";
+      *error = kCodeOutsideItsWindow;
       return false;
     }
     popcount = HostPopcount(words, codes.count() * bits);
   } else {
+    bool bad = false;
     CometPoolBackwardGpu(static_cast<const uint32_t*>(codes.data()), codes.count(), bits, g,
-                         top_diff, bottom_diff, &popcount);
+                         top_diff, bottom_diff, &popcount, &bad);
+    if (bad) {
+      *error = kCodeOutsideItsWindow;
+      return false;
+    }
   }
   return PopcountMatches(codes, popcount, error);
 }
@@ -851,14 +883,14 @@ void CometMaskDecodeGpu(const uint32_t*, size_t, float*, bool, uint32_t*) { NO_G
 void CometCodesPackGpu(const int32_t*, size_t, int, bool, const comet_codes::PoolGeometry&,
                        const comet_codes::BinaryRule&, uint32_t*, uint32_t*, bool*) { NO_GPU; }
 void CometCodesUnpackGpu(const uint32_t*, size_t, int, bool, const comet_codes::PoolGeometry&,
-                         const comet_codes::BinaryRule&, int32_t*, uint32_t*) { NO_GPU; }
+                         const comet_codes::BinaryRule&, int32_t*, uint32_t*, bool*) { NO_GPU; }
 void CometReluBackwardGpu(const uint32_t*, size_t, const float*, float*, float, uint32_t*) {
   NO_GPU;
 }
 void CometPoolToCodesGpu(const float*, float*, size_t, int, const comet_codes::PoolGeometry&,
                          uint32_t*, uint32_t*, bool*) { NO_GPU; }
 void CometPoolBackwardGpu(const uint32_t*, size_t, int, const comet_codes::PoolGeometry&,
-                          const float*, float*, uint32_t*) { NO_GPU; }
+                          const float*, float*, uint32_t*, bool*) { NO_GPU; }
 int CometLossyEncodeGpu(const float*, const size_t*, int, double, CometPayload*) {
   NO_GPU;
   return SZ_ERR_CUDA;

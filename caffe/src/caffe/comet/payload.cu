@@ -40,8 +40,8 @@ int CometLossyDecodeGpu(const CometPayload& p, float* out) {
 
 void CometCopyToHost(void* host, const void* device, size_t bytes) {
   cudaStream_t s = static_cast<cudaStream_t>(CometStream());
-  CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s));
+  COMET_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 }  // namespace caffe

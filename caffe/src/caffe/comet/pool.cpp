@@ -2,10 +2,13 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
+#include <string>
 
 #include "boost/thread/mutex.hpp"
 #include "caffe/comet/block_pool.hpp"
+#include "caffe/comet/payload.hpp"
 #include "caffe/comet/pool.hpp"
 #include "caffe/comet/stream.hpp"
 #include "caffe/common.hpp"
@@ -103,7 +106,7 @@ void* RecordEvent(void* event, void* stream) {
   return e;
 }
 void WaitEvent(void* event, void* stream) {
-  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+  COMET_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
                                  static_cast<cudaEvent_t>(event), 0));
 }
 void DestroyEvent(void* event) { CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(event))); }
@@ -178,12 +181,35 @@ void CometGpuPoolFence(bool on) {
                  [on](int, BlockPool& pool) { pool.fenced += on ? 1 : -1; });
 }
 
+// The device has no room for `bytes` more (the pool's cache, if any, given back already): what
+// is there and what to try, instead of CUDA's bare "out of memory" with a stack trace.
+static void OutOfDeviceMemory(int device, size_t bytes, bool pooled, size_t pool_in_use) {
+  size_t free_bytes = 0, total = 0;
+  const bool known = cudaMemGetInfo(&free_bytes, &total) == cudaSuccess;
+  cudaGetLastError();
+  const double mb = 1 << 20;
+  std::string message = "out of memory on GPU " + std::to_string(device) + ": " +
+                        CometNum(std::round(bytes / mb * 10) / 10) + " MB more did not fit";
+  if (known)
+    message += " (" + CometNum(std::round(free_bytes / mb)) + " MB free of " +
+               CometNum(std::round(total / mb)) + " MB)";
+  if (pooled)
+    message += "; COMET's memory pool had " + CometNum(std::round(pool_in_use / mb)) +
+               " MB in use, its cache given back first";
+  CometWorkFailed(message + ". A smaller batch fits: `cometctl plan --gpu " +
+                  std::to_string(device) + " --memory SIZE` finds the largest");
+}
+
 // Blocks are reused by the solver threads' allocations on the default stream and on the stores'
-// own streams (CometStream; fenced as block_pool.hpp says): the data layers' prefetch threads
-// allocate plainly (patch 0008), so a cached block is never handed to their streams.
+// own streams (CometStream; fenced as block_pool.hpp says). A data layer's prefetch thread
+// allocates plainly (async_gpu_push, patch 0008); the prefetch buffers its setup takes on the
+// solver's thread may be cached blocks, and that thread's first load reads each back
+// (mutable_cpu_data of a buffer whose head is on the GPU: a cudaMemcpy on the legacy default
+// stream, after the fence's wait), so that its own stream writes it only once every earlier
+// use has ended.
 void CometGpuMalloc(void** ptr, size_t size) {
   int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
+  COMET_CUDA_CHECK(cudaGetDevice(&device));
   BlockPool& pool = GpuPool(device);
   boost::mutex::scoped_lock lock(pool.mutex);
   if (pool.enabled && (*ptr = pool.Take(BlockPool::Key(device, size), CometStream()))) return;
@@ -195,7 +221,14 @@ void CometGpuMalloc(void** ptr, size_t size) {
     pool.ReleaseCached();
     err = cudaMalloc(ptr, bytes);
   }
-  CUDA_CHECK(err);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    const bool pooled = pool.enabled;
+    const size_t in_use = pool.Stats().in_use;
+    lock.unlock();
+    OutOfDeviceMemory(device, bytes, pooled, in_use);
+  }
+  COMET_CUDA_CHECK(err);
   if (pool.enabled) pool.Track(*ptr, bytes);
 }
 

@@ -179,14 +179,24 @@ struct CometStore<Dtype>::Job {
   std::function<void(Job*)> work;
   // ENCODE: the payload made, NULL when the blob stays dense this step (`note` says why);
   // DECODE: the payload decoded into the dense memory. `error`: a failure, fatal at Finish.
+  // `failed`: the device work itself failed (CometJobFailure: a CUDA error, out of memory),
+  // not the stream it decoded.
   shared_ptr<CometPayload> payload;
   std::string error, note;
+  bool failed = false;
   double ms;         // the work's own time
 
   void Run() {       // the work, timed
-    if (before) before();
-    const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-    work(this);
+    CometJobScope scope;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    try {
+      if (before) before();
+      start = std::chrono::steady_clock::now();
+      work(this);
+    } catch (const CometJobFailure& f) {
+      error = f.what();
+      failed = true;
+    }
     ms = CometMsSince(start);
   }
 };
@@ -296,7 +306,7 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
     : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
       stats_(net_, param_), columns_max_(0), context_layer_(-1), context_iter_(-1),
       context_pass_("before the first training step"), forward_from_(0), last_forward_(-2),
-      measuring_(false), plan_mode_(Caffe::mode()), in_flight_(0),
+      measuring_(false), passes_in_step_(0), plan_mode_(Caffe::mode()), in_flight_(0),
       max_in_flight_(0), tiled_gemm_(false), flushing_(false), in_step_(false), float_mode_(0) {
   CheckSettings(param_, *net_);
   const bool cpu = Caffe::mode() == Caffe::CPU;
@@ -495,6 +505,11 @@ void CometStore<Dtype>::Finish(Job* job) {
       // fails the same way; a stream's every later read fails as this one.
       if (!job->payload) return;
       job->mem->comet_payload() = job->payload;
+      if (job->failed) {
+        CometFatal("COMET: decoding blob '" + e.blob + "' for the backward pass failed (" +
+                   job->error + "), iteration " + CometNum(solver_->iter()));
+        return;
+      }
       CometFatalCorrupt(e.blob, job->error);
       return;
     }
@@ -810,6 +825,7 @@ void CometStore<Dtype>::BeforeForward(int layer) {
   // and that encode's payload, attached after, would replace the new values.
   if (starts) FinishAll();
   if (layer == 0) {
+    if (in_step_ && ++passes_in_step_ > 1) measuring_ = false;  // iter_size > 1: a later pass
     seen_data_.clear();  // memory addresses are checked afresh every step
     seen_diff_.clear();
     if (param_.memory_pool()) CometPoolsMarkStep();
@@ -1504,6 +1520,7 @@ void CometStore<Dtype>::GrowColumns(int count) {
 template <typename Dtype>
 void CometStore<Dtype>::on_start() {
   in_step_ = true;
+  passes_in_step_ = 0;
   const int iter = solver_->iter();
   // Measure the error estimate on the iterations where the bounds are revisited.
   measuring_ = param_.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE &&

@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "caffe/comet/payload.hpp"
 #include "caffe/comet/pool.hpp"
 #include "caffe/comet/worker.hpp"
 #include "caffe/common.hpp"
@@ -11,9 +12,28 @@ namespace caffe {
 
 namespace {
 thread_local void* g_stream = NULL;
+thread_local bool g_in_job = false;
 }  // namespace
 
 void* CometStream() { return g_stream; }
+
+CometJobScope::CometJobScope() : previous_(g_in_job) { g_in_job = true; }
+CometJobScope::~CometJobScope() { g_in_job = previous_; }
+
+void CometWorkFailed(const std::string& message) {
+  if (g_in_job) throw CometJobFailure(message);
+  CometFatal("COMET: " + message + ", during " + CometReadContext());
+}
+
+#ifndef CPU_ONLY
+void CometCudaFailed(int error, const char* call, const char* file, int line) {
+  const cudaError_t e = static_cast<cudaError_t>(error);
+  std::string where(file);
+  where = where.substr(where.find_last_of('/') + 1);
+  CometWorkFailed(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                  ") in " + call + " at " + where + ":" + std::to_string(line));
+}
+#endif
 
 CometOnStream::CometOnStream(void* stream) : previous_(g_stream) { g_stream = stream; }
 CometOnStream::~CometOnStream() { g_stream = previous_; }
@@ -38,8 +58,8 @@ CometSideStream::~CometSideStream() {
 
 void* CometSideStream::Mark() {
   cudaEvent_t e;
-  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  CUDA_CHECK(cudaEventRecord(e, NULL));  // the legacy default stream, Caffe's
+  COMET_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  COMET_CUDA_CHECK(cudaEventRecord(e, NULL));  // the legacy default stream, Caffe's
   return e;
 }
 
@@ -47,8 +67,8 @@ namespace {
 // The calling thread's device from now on (no scope gives the last one back).
 void UseDevice(int device) {
   int current = 0;
-  CUDA_CHECK(cudaGetDevice(&current));
-  if (current != device) CUDA_CHECK(cudaSetDevice(device));
+  COMET_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device) COMET_CUDA_CHECK(cudaSetDevice(device));
 }
 }  // namespace
 
@@ -59,8 +79,8 @@ std::function<void()> CometTakeThisDevice() {
 }
 
 CometOnDevice::CometOnDevice(int device) : previous_(device), device_(device) {
-  CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != device_) CUDA_CHECK(cudaSetDevice(device_));
+  COMET_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device_) COMET_CUDA_CHECK(cudaSetDevice(device_));
 }
 CometOnDevice::~CometOnDevice() {
   if (previous_ != device_) CUDA_CHECK(cudaSetDevice(previous_));
@@ -83,17 +103,27 @@ class OnStreamDevice {
 };
 }  // namespace
 
+// A failure here comes from a kernel the step queued before the job (Caffe's or COMET's): the
+// job did not start.
 void CometSideStream::WaitFor(void* mark) {
   OnStreamDevice on(device_);
-  CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(mark)));
-  CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(mark)));
+  const cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(mark));
+  if (e != cudaSuccess)
+    CometWorkFailed(std::string("CUDA error ") + cudaGetErrorName(e) + " (" +
+                    cudaGetErrorString(e) + ") in the step's kernels queued before this job");
+  COMET_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(mark)));
 }
 
 void CometSideStream::Run(const std::function<void()>& work) {
   OnStreamDevice on(device_);
   CometOnStream stream(stream_);
-  work();
-  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  try {
+    work();
+  } catch (...) {  // a failed job's kernels end before the step frees what they use
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    throw;
+  }
+  COMET_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
 }
 #else
 CometOnDevice::CometOnDevice(int device) : previous_(device), device_(device) { NO_GPU; }

@@ -128,6 +128,27 @@ struct MaxPoolingRun {
   Blob<float> bottom, top;
 };
 
+// Changes one argmax code of a packed stream to one that names no element of its window (past
+// the window's codes, or padding) and has the same popcount, so that the bit check alone cannot
+// see it. False when the geometry leaves no such code (a 2x2 window without padding uses every
+// 2-bit code on every element).
+bool SwapInACodeOutsideItsWindow(uint32_t* words, size_t count, int bits,
+                                 const comet_codes::PoolGeometry& g) {
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t c = comet_codes::code_at(words, i, bits);
+    for (uint32_t d = 0; d < (1u << bits); ++d) {
+      if (__builtin_popcount(d) != __builtin_popcount(c) ||
+          comet_codes::argmax_code_names_its_window(d, i, g))
+        continue;
+      const size_t bit = i * bits;
+      words[bit / 32] = (words[bit / 32] & ~(((1u << bits) - 1u) << (bit % 32))) |
+                        (d << (bit % 32));
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 class CometPayloadTest : public ::testing::Test {
@@ -1729,6 +1750,7 @@ TEST_F(CometPayloadTest, MaxPoolingIntoCodesMatchesPoolingLayerBitForBit) {
                {3, 3, 2, 2, 0, 0, 3, 17, 129, 160}};  // 261,120 pooled: split
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
+  int outside_checked = 0;
   for (const Case& k : cases) {
     LayerParameter lp;
     PoolingParameter* pp = lp.mutable_pooling_param();
@@ -1800,7 +1822,22 @@ TEST_F(CometPayloadTest, MaxPoolingIntoCodesMatchesPoolingLayerBitForBit) {
     }
     w0[0] = keep ^ 0x1u;
     EXPECT_FALSE(CometPoolBackwardFromCodes(*got, top.cpu_diff(), diff.data(), &error)) << where;
+    w0[0] = keep;
+    // A code outside its window with the popcount kept: the backward and the argmax's decode
+    // refuse it by name (the scatter would have written outside the window, or the plane).
+    if (SwapInACodeOutsideItsWindow(w0, got->count(), got->code_bits, g)) {
+      ++outside_checked;
+      error.clear();
+      EXPECT_FALSE(CometPoolBackwardFromCodes(*got, top.cpu_diff(), diff.data(), &error)) << where;
+      EXPECT_EQ(error, "a code names no element of its window") << where;
+      std::memcpy(want->data(), w0, want->bytes());
+      std::vector<int> argmax(top.count());
+      error.clear();
+      EXPECT_FALSE(CometDecode(*want, argmax.data(), &error)) << where;
+      EXPECT_EQ(error, "a code names no element of its window") << where;
+    }
   }
+  EXPECT_EQ(outside_checked, 6);  // the 2x2 window too: its last column is clipped
 }
 
 // The host's argmax encoder divides by the plane's width as a multiply and a shift: exact for
@@ -3926,6 +3963,27 @@ TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
   EXPECT_FLOAT_EQ(b->comet()->bound("ip1"), eb_ip1);
 }
 
+// With iter_size above 1 a step measures its bounds on its first pass alone, where the weights'
+// gradient is that pass's own: the later passes add theirs to it, and the rules took the sum for
+// one batch's gradient (a larger target, a bound that could double once a pass). The first pass
+// of both solvers sees the same batch and weights, so the bounds are iter_size 1's, bit for bit.
+TEST_F(CometStoreTest, IterSizeMeasuresTheBoundsOnTheFirstPassOfAStep) {
+  const std::string block =
+      "comet { eb_mode: ADAPTIVE error_bound: 1e-1 update_interval: 2 adaptive_target: 0.01 "
+      "min_error_bound: 1e-6 max_error_bound: 1 }";
+  shared_ptr<Solver<float> > one = MakeSolver(block);
+  shared_ptr<Solver<float> > two = MakeSolver("iter_size: 2 " + block);
+  Run(one.get(), 1);
+  Run(two.get(), 1);
+  ASSERT_EQ(one->comet()->bounds().size(), two->comet()->bounds().size());
+  int moved = 0;
+  for (int e = 0; e < one->comet()->bounds().size(); ++e) {
+    EXPECT_EQ(one->comet()->bounds()[e].eb, two->comet()->bounds()[e].eb) << "bound " << e;
+    moved += one->comet()->bounds()[e].eb != 1e-1f;
+  }
+  EXPECT_GT(moved, 0) << "no bound was measured";
+}
+
 // -gpu all: every solver restores the root's snapshot. The root's random generators go back to
 // where they were; another rank's stay as its own seed (random_seed + rank) made them, or every
 // GPU would draw the root's numbers after a resume.
@@ -4723,6 +4781,37 @@ TEST(CometCurandTest, ThePositionCountsTheValuesDrawnSinceTheSeed) {
   EXPECT_EQ(CometCurandTell().drawn, 0u);
 }
 
+// A failure of COMET's device work (a CUDA error, out of memory) inside a store's job is thrown
+// to the job, which keeps it as its error for the step to report with the blob and the layer (a
+// worker thread cannot stop the step); outside a job it is a fatal error naming what the step
+// was doing. Scopes nest: the outer job's scope holds after an inner one ends.
+TEST(CometJobFailureTest, AFailureInAJobIsItsErrorAndElsewhereFatal) {
+  {
+    CometJobScope job;
+    { CometJobScope inner; }
+    std::string what;
+    try {
+      CometWorkFailed("out of memory on GPU 0: 2 MB more did not fit");
+    } catch (const CometJobFailure& f) {
+      what = f.what();
+    }
+    EXPECT_EQ(what, "out of memory on GPU 0: 2 MB more did not fit");
+  }
+  CometSetReadContext("layer 'conv1' (Convolution) backward, iteration 3");
+  bool thrown_to_a_job = false;
+  const std::string what = FatalMessageOf([&]() {
+    try {
+      CometWorkFailed("out of memory on GPU 0: 2 MB more did not fit");
+    } catch (const CometJobFailure&) {
+      thrown_to_a_job = true;
+    }
+  });
+  CometSetReadContext("outside a COMET training step");
+  EXPECT_FALSE(thrown_to_a_job);
+  EXPECT_EQ(what, "COMET: out of memory on GPU 0: 2 MB more did not fit, during layer 'conv1' "
+                  "(Convolution) backward, iteration 3");
+}
+
 #ifndef CPU_ONLY
 // ---------------------------------------------------------------- GPU (run where a GPU is present)
 
@@ -4879,6 +4968,20 @@ TEST_F(CometGPUTest, DeviceCodesMatchHostCodes) {
   std::string error;
   ASSERT_TRUE(CometDecode(*d, back.mutable_gpu_data(), &error)) << error;
   for (int i = 0; i < idx->count(); ++i) ASSERT_EQ(back.cpu_data()[i], idx->cpu_data()[i]) << i;
+  // A code outside its window with its popcount kept: the device's argmax decode and its
+  // backward from the codes (a gather, which would drop it silently) refuse it as the host does.
+  std::vector<uint32_t> words(d->bytes() / 4);
+  std::memcpy(words.data(), dev_bytes.data(), d->bytes());
+  ASSERT_TRUE(SwapInACodeOutsideItsWindow(words.data(), d->count(), d->code_bits, g));
+  CUDA_CHECK(cudaMemcpy(d->data(), words.data(), d->bytes(), cudaMemcpyHostToDevice));
+  EXPECT_FALSE(CometDecode(*d, back.mutable_gpu_data(), &error));
+  EXPECT_EQ(error, "a code names no element of its window");
+  Blob<float> top_diff(run.top.shape()), bottom_diff(run.bottom.shape());
+  FillActivations(&top_diff, 0.f, 1.f, 5);
+  error.clear();
+  EXPECT_FALSE(CometPoolBackwardFromCodes(*d, top_diff.gpu_data(), bottom_diff.mutable_gpu_data(),
+                                          &error));
+  EXPECT_EQ(error, "a code names no element of its window");
 }
 
 TEST_F(CometGPUTest, DeviceMasksMatchHostMasks) {
@@ -5064,6 +5167,43 @@ TEST_F(CometGPUTest, ThePoolGivesItsCacheBackWhenTheDeviceIsFull) {
   CometGpuFree(b, block + block / 4);
   for (size_t i = 0; i < hog.size(); ++i) CUDA_CHECK(cudaFree(hog[i]));
   CometGpuPoolEnable(false);
+}
+
+// An allocation the device cannot make says how much, what the device has, and what to try, and
+// in a store's job it becomes the job's error; a failed CUDA call names its error and itself.
+// The device stays usable after both.
+TEST_F(CometGPUTest, DeviceFailuresSayWhatFailedAndWhere) {
+  size_t free_bytes = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  for (int pooled = 0; pooled < 2; ++pooled) {
+    if (pooled) CometGpuPoolEnable(true);
+    void* p = NULL;
+    const std::string what = FatalMessageOf([&]() { CometGpuMalloc(&p, 2 * total); });
+    EXPECT_NE(what.find("COMET: out of memory on GPU "), std::string::npos) << what;
+    EXPECT_NE(what.find(" MB more did not fit ("), std::string::npos) << what;
+    EXPECT_NE(what.find("cometctl plan --gpu "), std::string::npos) << what;
+    EXPECT_EQ(what.find("COMET's memory pool had") != std::string::npos, pooled == 1) << what;
+    bool in_job = false;
+    {
+      CometJobScope job;
+      try {
+        CometGpuMalloc(&p, 2 * total);
+      } catch (const CometJobFailure& f) {
+        in_job = std::string(f.what()).find("out of memory on GPU ") == 0;
+      }
+    }
+    EXPECT_TRUE(in_job);
+    void* q = NULL;
+    CometGpuMalloc(&q, 1 << 20);
+    EXPECT_TRUE(q != NULL);
+    CometGpuFree(q, 1 << 20);
+    if (pooled) CometGpuPoolEnable(false);
+  }
+  const std::string what = FatalMessageOf([]() { COMET_CUDA_CHECK(cudaSetDevice(1 << 20)); });
+  cudaGetLastError();
+  EXPECT_NE(what.find("COMET: CUDA error cudaErrorInvalidDevice (invalid device ordinal) in "
+                      "cudaSetDevice(1 << 20) at test_comet.cpp:"),
+            std::string::npos) << what;
 }
 
 #endif  // CPU_ONLY
