@@ -1429,6 +1429,15 @@ void CometStore<Dtype>::AfterBackward(int layer) {
   if (backward_skipped_[layer]) {
     const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = true;
     backward_skipped_[layer] = false;
+    // Net's debug info (solver `debug_info: true`) skipped the bottom it was told not to
+    // propagate to: the line it would have logged (Net::BackwardDebugInfo's format, patch 0041).
+    if (net_->debug_info()) {
+      const Blob<Dtype>& b = *net_->bottom_vecs()[layer][0];
+      LOG_IF(INFO, Caffe::root_solver())
+          << "    [Backward] Layer " << net_->layer_names()[layer] << ", bottom blob "
+          << net_->blob_names()[net_->bottom_ids(layer)[0]] << " diff: "
+          << b.asum_diff() / b.count();
+    }
   }
   const std::vector<int>& todo = plan_.after_backward[layer];
   for (int t = 0; t < todo.size(); ++t) {

@@ -3963,6 +3963,62 @@ TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
   EXPECT_FLOAT_EQ(b->comet()->bound("ip1"), eb_ip1);
 }
 
+// The `[Backward]` lines of a solver's `debug_info: true`, as glog hands them to a sink.
+class BackwardDebugLines : public google::LogSink {
+ public:
+  BackwardDebugLines() { google::AddLogSink(this); }
+  ~BackwardDebugLines() { google::RemoveLogSink(this); }
+  void send(google::LogSeverity, const char*, const char*, int, const struct ::tm*,
+            const char* message, size_t length) override {
+    const std::string line(message, length);
+    if (line.find("    [Backward] Layer ") != 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    lines_.push_back(line);
+  }
+  std::vector<std::string> Take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::string> out;
+    out.swap(lines_);
+    return out;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> lines_;
+};
+
+// With `debug_info: true` a step logs each layer's bottom diffs after its backward; the layers
+// whose backward the store computes itself (ReLU from its mask, max pooling from its codes)
+// log theirs too, as without COMET: the same lines, with the same figures on the first step
+// (their input gradients do not depend on what is stored lossy in this net).
+TEST_F(CometStoreTest, DebugInfoLogsTheBackwardOfLayersTheStoreComputes) {
+  std::vector<std::string> lines[2];
+  for (int on = 0; on < 2; ++on) {
+    shared_ptr<Solver<float> > s = MakeSolver(
+        on ? "debug_info: true comet { eb_mode: FIXED error_bound: 1e-3 }" : "debug_info: true");
+    BackwardDebugLines sink;
+    Run(s.get(), 1);
+    lines[on] = sink.Take();
+  }
+  // Every line, in the same order; the bottom diffs' figures the same (the weights' gradients
+  // read lossy inputs: theirs differ in the last digits).
+  ASSERT_EQ(lines[1].size(), lines[0].size());
+  for (int i = 0; i < lines[0].size(); ++i) {
+    const size_t at = lines[0][i].find(" diff: ");
+    ASSERT_NE(at, std::string::npos) << lines[0][i];
+    if (lines[0][i].find(", bottom blob ") != std::string::npos) {
+      EXPECT_EQ(lines[1][i], lines[0][i]);
+    } else {
+      EXPECT_EQ(lines[1][i].substr(0, at), lines[0][i].substr(0, at));
+    }
+  }
+  int skipped_by_net = 0;
+  for (int i = 0; i < lines[1].size(); ++i)
+    skipped_by_net += lines[1][i].find("Layer relu1, bottom blob conv1 diff: ") != std::string::npos ||
+                      lines[1][i].find("Layer pool1, bottom blob conv1 diff: ") != std::string::npos;
+  EXPECT_EQ(skipped_by_net, 2);
+}
+
 // With iter_size above 1 a step measures its bounds on its first pass alone, where the weights'
 // gradient is that pass's own: the later passes add theirs to it, and the rules took the sum for
 // one batch's gradient (a larger target, a bound that could double once a pass). The first pass
