@@ -733,6 +733,9 @@ void CometStore<Dtype>::FollowMode() {
   LOG(INFO) << "COMET: Caffe runs in " << (gpu ? "GPU" : "CPU") << " mode now, the plan was made "
             << "in " << (gpu ? "CPU" : "GPU") << " mode; re-planning";
   if (gpu && param_.async() && !side_stream_) side_stream_.reset(new CometSideStream());
+  // A worker started in CPU mode has no device: it takes this one before its first device job
+  // (left on device 0, a job there would make a context on it, with `caffe.set_device(1)`).
+  if (gpu && worker_) worker_->Wait(worker_->Submit(CometTakeThisDevice()));
   std::string why;
   if (!gpu && param_.tiled_gemm() && !tiled_gemm_ && CometGemm::Available(&why)) {
     tiled_gemm_ = true;
