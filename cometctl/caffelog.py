@@ -219,3 +219,21 @@ def parse_file(path) -> LogParser:
         for line in f:
             p.feed(line)
     return p
+
+
+STACK_LINE = re.compile(r"^\s*(@\s+0x|\*\*\*|PC: @|terminate called after throwing)")
+PY_ERROR = re.compile(r"^\w+(\.\w+)*(Error|Exception|Exit): ")
+
+
+def why_it_stopped(parser: LogParser, tail: list[str]) -> str:
+    """The first fatal line caffe printed, without glog's prefix; else the last Python error (a Python
+    layer's, e.g. "ModuleNotFoundError: ..."); else its last line that is not part of a stack trace."""
+    said = [t for t in tail if t.strip() and not STACK_LINE.match(t)]
+    lines = parser.fatal or [t for t in said if PY_ERROR.match(t.strip())][-1:] or said[-1:]
+    if not lines:
+        return "it printed nothing"
+    text = lines[0].strip()
+    m = GLOG.match(text)
+    if m:
+        text = text[m.end():].split("] ", 1)[-1]
+    return text

@@ -590,7 +590,7 @@ def run_caffe(caffe: Path, solver: Path, log: Path, gpu: int | None = None, cwd:
     figures.unlink(missing_ok=True)
     t0 = time.monotonic()
     sampler = DevicePeak(gpu) if gpu is not None else None
-    with sampler or contextlib.nullcontext():
+    with sampler or contextlib.nullcontext(), _terminate_as_exit():
         with open(log, "w") as f:
             proc = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCHER, str(figures), *cmd], stdout=f,
                                     stderr=subprocess.STDOUT, cwd=str(cwd or REPO_ROOT), env=env,
@@ -611,6 +611,27 @@ def run_caffe(caffe: Path, solver: Path, log: Path, gpu: int | None = None, cwd:
     return ChildRun(rc=os.waitstatus_to_exitcode(got["status"]), peak_rss=int(got["maxrss"]),
                     cpu_seconds=float(got["cpu"]), wall_seconds=wall, file_rss_max=int(got["file_max"]), log=log,
                     device_peak=sampler.peak() if sampler else None)
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """SIGTERM (a batch system's, `timeout`'s) raises SystemExit(143) in the main thread while a caffe
+    runs, so that its launcher, caffe and the nvidia-smi sampler, each in a session of its own, are killed
+    on the way out as on Ctrl-C; Python's default would exit at once and leave them running."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _kill(proc) -> None:
@@ -703,14 +724,13 @@ class Measured:
 
 def _why(text: str) -> str:
     """caffe's own error line: the first fatal or failed check, without glog's prefix; else its last line."""
-    from .caffelog import LogParser
-    from .train import _why_it_stopped
+    from .caffelog import LogParser, why_it_stopped
 
     parser = LogParser()
     lines = text.splitlines()
     for line in lines:
         parser.feed(line)
-    return _why_it_stopped(parser, lines[-20:])
+    return why_it_stopped(parser, lines[-20:])
 
 
 def measure(caffe: Path, work: Path, pb2, param, net, batch: int, comet: bool, *, synthetic: bool,

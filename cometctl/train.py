@@ -39,7 +39,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from .caffelog import GLOG, LogParser, resume_marker
+from .caffelog import LogParser, resume_marker, why_it_stopped
 from .childenv import caffe_env
 from .errors import CometError
 from .paths import REPO_ROOT, from_root, prepare_hint, user_file
@@ -271,24 +271,6 @@ def _latest_state(run: Path, logged: list[str]) -> Path | None:
     return max(found)[1] if found else None
 
 
-STACK_LINE = re.compile(r"^\s*(@\s+0x|\*\*\*|PC: @|terminate called after throwing)")
-PY_ERROR = re.compile(r"^\w+(\.\w+)*(Error|Exception|Exit): ")
-
-
-def _why_it_stopped(parser: LogParser, tail: list[str]) -> str:
-    """The first fatal line caffe printed, without glog's prefix; else the last Python error (a Python
-    layer's, e.g. "ModuleNotFoundError: ..."); else its last line that is not part of a stack trace."""
-    said = [t for t in tail if t.strip() and not STACK_LINE.match(t)]
-    lines = parser.fatal or [t for t in said if PY_ERROR.match(t.strip())][-1:] or said[-1:]
-    if not lines:
-        return "it printed nothing"
-    text = lines[0].strip()
-    m = GLOG.match(text)
-    if m:
-        text = text[m.end():].split("] ", 1)[-1]
-    return text
-
-
 def _signal_words(code: int) -> str:
     """' (killed by SIGBUS: Bus error)' for an exit status of 128+N that names a signal, else ''."""
     if code <= 128:
@@ -445,7 +427,7 @@ def train(solver, gpu: str | None = None, cpu: bool = False, snapshot=None, iter
             raise CometError(f"interrupted before training started (exit status {code}); full log: {log_path}",
                              exit_code=code)
         raise CometError(f"caffe stopped before training started (exit status {code}): "
-                         f"{_why_it_stopped(parser, tail)}; full log: {log_path}", exit_code=code)
+                         f"{why_it_stopped(parser, tail)}; full log: {log_path}", exit_code=code)
     if code == 0:
         diverged = "" if view.diverged_at is None else \
             f" [yellow](diverged: outputs not finite since iteration {view.diverged_at})[/]"

@@ -44,8 +44,9 @@ def staged(tmp_path_factory) -> Path:
     return dest
 
 
-def run_check(staged: Path, tmp_path: Path, per_sample: str) -> subprocess.CompletedProcess:
-    """plan_check.py with a stand-in caffe that holds 500 + per_sample(batch) MiB while it runs."""
+def run_check(staged: Path, tmp_path: Path, per_sample: str, fail: str = "") -> subprocess.CompletedProcess:
+    """plan_check.py with a stand-in caffe that holds 500 + per_sample(batch) MiB while it runs (or, with
+    `fail`, prints that line and exits 1)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
@@ -55,6 +56,9 @@ def run_check(staged: Path, tmp_path: Path, per_sample: str) -> subprocess.Compl
     caffe = tmp_path / "caffe"
     caffe.write_text(f"#!{sys.executable}\n" + FAKE_GPU_CAFFE + f"""
 import time
+if {fail!r}:
+    print({fail!r}, file=sys.stderr)
+    sys.exit(1)
 per = {per_sample}
 open({str(used)!r}, "w").write(str(int(500 + per(batch))))
 time.sleep(0.6)
@@ -97,3 +101,14 @@ def test_without_cometctls_package_it_says_so(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "plan-cometctl: error: cannot import cometctl's planner" in proc.stdout, \
         proc.stdout + proc.stderr
+
+
+def test_a_caffe_that_fails_is_named_by_its_own_line_on_a_bare_python(staged, tmp_path):
+    """The planner names caffe's own fatal line when a run fails; on the GPU machine's bare Python it
+    used to fail importing `rich` (through cometctl.train) and name that instead."""
+    line = "F1206 20:23:21.726027  1240 syncedmem.cpp:71] Check failed: error == cudaSuccess (2 vs. 0)  out of memory"
+    proc = run_check(staged, tmp_path, "lambda b: b", fail=line)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Check failed: error == cudaSuccess (2 vs. 0)  out of memory" in out, out
+    assert "rich" not in out and "ModuleNotFoundError" not in out, out

@@ -623,3 +623,37 @@ def test_caffe_children_get_openblas_thread_timeout_unless_the_user_set_one(tmp_
     monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "12")
     P.run_caffe(fake, solver, tmp_path / "b.log")
     assert "timeout=12" in (tmp_path / "b.log").read_text()
+
+
+def test_sigterm_while_caffe_runs_kills_it_and_exits_143(tmp_path):
+    """`timeout` or a batch system ends a plan with SIGTERM: the caffe it started (in a session of its
+    own) goes too, as on Ctrl-C, and the exit status says which signal (128 + 15)."""
+    fake = tmp_path / "caffe"
+    pidfile = tmp_path / "caffe.pid"
+    fake.write_text(f"#!{sys.executable}\nimport os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+                    "time.sleep(120)\n")
+    fake.chmod(0o755)
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text('net: "x"\n')
+    code = ("import sys; from pathlib import Path; from cometctl import plan as P; "
+            f"P.run_caffe(Path({str(fake)!r}), Path({str(solver)!r}), Path({str(tmp_path / 'a.log')!r}))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=str(REPO))
+    import contextlib
+    import os
+    import signal
+    import time
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "the fake caffe never started"
+        time.sleep(0.05)
+    caffe_pid = int(pidfile.read_text())
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+        with pytest.raises(ProcessLookupError):
+            for _ in range(100):  # killed and reaped by its launcher's session kill
+                os.kill(caffe_pid, 0)
+                time.sleep(0.05)
+    finally:  # a failure leaves no sleeping fake behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(os.getpgid(caffe_pid), signal.SIGKILL)
