@@ -586,6 +586,31 @@ def test_gpu_check_runs_later_comet_steps_in_the_step_after_the_stream_hangs(bun
     assert any("models/zoo/" in s for s in comet[1:]), log.read_text()  # gpu-zoo's runs too
 
 
+def test_gpu_check_falls_back_from_the_stream_when_the_comet_gtests_are_cut(bundle, tmp_path):
+    """Our GPU gtests (their solvers keep `async`) cut at their limit: the fallback starts there, so
+    gtest-every-solver's stores already get `async: false`, as do the trainings after it."""
+    seen = tmp_path / "every_solver.txt"
+    testbin = ('#!/bin/bash\ncase "$*" in\n'
+               '  *CometEverySolver*) echo "$COMET_EVERY_SOLVER" > ' + str(seen) + '; '
+               'echo "[ RUN      ] SGDSolverTest/2.Update"; echo "[       OK ] SGDSolverTest/2.Update (1 ms)"; '
+               'echo "[  PASSED  ] 1 test." ;;\n'
+               '  *GPU*) echo "[ RUN      ] CometGPUTest.Hangs"; exit 124 ;;\n'
+               'esac\nexit 0\n')
+    top = _bundle_with_stand_ins(bundle, tmp_path, testbin)
+    out, log = tmp_path / "out", tmp_path / "solvers.log"
+    env = dict(os.environ, OUT=str(out), GPU_CHECK_BUDGET="60", GPU_CHECK_SZ_MIB="16", GPU_CHECK_TRAIN_LIMIT="10",
+               FAKE_CAFFE_LOG=str(log), PATH="/usr/bin:/bin")
+    subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check"), str(top)], capture_output=True, text=True,
+                   env=env, timeout=300)
+    summary = (out / "summary.txt").read_text()
+    assert re.search(r"^gtest-comet +TIMEOUT .*still running: CometGPUTest\.Hangs", summary, re.M), summary
+    assert re.search(r"^stream-fallback .*gtest-comet was cut at its limit: every later COMET-on run has async: false",
+                     summary, re.M), summary
+    assert seen.read_text().strip() == 'compress_type: "None" update_interval: 1 async: false', seen.read_text()
+    comet = _sections(log.read_text())
+    assert comet and all("async: false" in s for s in comet), log.read_text()
+
+
 def test_gpu_check_names_the_test_a_cut_gtest_step_was_in(bundle, tmp_path):
     """A gtest step cut at its limit names the test it was still running (its last RUN line without
     an OK or FAILED): a hang in the GPU gtests says where it hung."""
