@@ -17,8 +17,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -609,6 +611,31 @@ def test_gpu_check_falls_back_from_the_stream_when_the_comet_gtests_are_cut(bund
     assert seen.read_text().strip() == 'compress_type: "None" update_interval: 1 async: false', seen.read_text()
     comet = _sections(log.read_text())
     assert comet and all("async: false" in s for s in comet), log.read_text()
+
+
+def test_a_gpu_check_killed_from_outside_leaves_the_steps_it_finished(bundle, tmp_path):
+    """The lent machine's own limit may kill the whole command: summary.txt and results.tsv are written
+    after every step, so what ran comes back, marked as in progress."""
+    hang = '#!/bin/bash\ncase "$*" in *GPU*) echo "[ RUN      ] CometGPUTest.Hangs"; exec sleep 300 ;; esac\n'
+    top = _bundle_with_stand_ins(bundle, tmp_path, hang)
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), GPU_CHECK_BUDGET="520", FAKE_CAFFE_LOG=str(tmp_path / "solvers.log"),
+               PATH="/usr/bin:/bin")
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "gpu-check"), str(top)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "summary.txt").exists():  # the first step (device) is recorded
+            assert time.monotonic() < deadline and proc.poll() is None, "no summary.txt after the first step"
+            time.sleep(0.2)
+        time.sleep(1)  # gtest-comet has started and hangs in the stand-in
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    summary = (out / "summary.txt").read_text()
+    assert summary.startswith("COMET-Caffe GPU check: IN PROGRESS after "), summary
+    assert re.search(r"^device +(PASS|FAIL) ", summary, re.M), summary
+    assert "gpus\t" in (out / "results.tsv").read_text()
 
 
 def test_gpu_check_names_the_test_a_cut_gtest_step_was_in(bundle, tmp_path):
