@@ -22,7 +22,7 @@ CometJobScope::~CometJobScope() { g_in_job = previous_; }
 
 void CometWorkFailed(const std::string& message) {
   if (g_in_job) throw CometJobFailure(message);
-  CometFatal("COMET: " + message + ", during " + CometReadContext());
+  CometFatal("COMET: " + message + "; where: " + CometReadContext());
 }
 
 #ifndef CPU_ONLY

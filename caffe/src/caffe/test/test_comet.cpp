@@ -4864,7 +4864,7 @@ TEST(CometJobFailureTest, AFailureInAJobIsItsErrorAndElsewhereFatal) {
   });
   CometSetReadContext("outside a COMET training step");
   EXPECT_FALSE(thrown_to_a_job);
-  EXPECT_EQ(what, "COMET: out of memory on GPU 0: 2 MB more did not fit, during layer 'conv1' "
+  EXPECT_EQ(what, "COMET: out of memory on GPU 0: 2 MB more did not fit; where: layer 'conv1' "
                   "(Convolution) backward, iteration 3");
 }
 
