@@ -432,8 +432,7 @@ bool DecodeCodes(const CometPayload& p, int32_t* out, std::string* error) {
           const int w = pw * g.stride_w - g.pad_w + col[code];
           bad = bad || h < 0 || h >= g.height || w < 0 || w >= g.width;
         } else {
-          out[i] = comet_codes::argmax_index_at(code, ph, pw, g);
-          bad = true;
+          bad = true;  // the decode is refused: no index to write
         }
         corner += g.stride_w;
         if (++pw == g.pooled_width) {

@@ -26,12 +26,19 @@ void CometWorkFailed(const std::string& message) {
 }
 
 #ifndef CPU_ONLY
+namespace {
+// "CUDA error cudaErrorX (its text) in WHAT"
+void CudaFailedIn(cudaError_t e, const std::string& what) {
+  CometWorkFailed(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                  ") in " + what);
+}
+}  // namespace
+
 void CometCudaFailed(int error, const char* call, const char* file, int line) {
-  const cudaError_t e = static_cast<cudaError_t>(error);
   std::string where(file);
   where = where.substr(where.find_last_of('/') + 1);
-  CometWorkFailed(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
-                  ") in " + call + " at " + where + ":" + std::to_string(line));
+  CudaFailedIn(static_cast<cudaError_t>(error),
+               std::string(call) + " at " + where + ":" + std::to_string(line));
 }
 #endif
 
@@ -108,9 +115,7 @@ class OnStreamDevice {
 void CometSideStream::WaitFor(void* mark) {
   OnStreamDevice on(device_);
   const cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(mark));
-  if (e != cudaSuccess)
-    CometWorkFailed(std::string("CUDA error ") + cudaGetErrorName(e) + " (" +
-                    cudaGetErrorString(e) + ") in the step's kernels queued before this job");
+  if (e != cudaSuccess) CudaFailedIn(e, "the step's kernels queued before this job");
   COMET_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(mark)));
 }
 
