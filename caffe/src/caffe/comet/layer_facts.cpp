@@ -152,12 +152,14 @@ void SoftmaxRow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f)
   FromOutput(f, CometLayerFacts::SOFTMAX_OF_OUTPUT);
 }
 
-// ELU: dx = dy where x > 0, dy (alpha + y) elsewhere: its input's sign only (in place the blob
-// holds y, whose sign is x's), and its output's values.
+// ELU: dx = dy where x > 0, dy (alpha + y) elsewhere, from its output's values. With alpha >= 0
+// y > 0 exactly where x > 0, and Backward takes the branch from y (patch 0042): the input is not
+// read, the output's signs must stay exact. With alpha < 0 it reads the input's sign.
 template <typename Dtype>
-void ELURow(const Layer<Dtype>&, const CometLayerShape&, CometLayerFacts* f) {
-  All(&f->bottom, COMET_READS_SIGN);
+void ELURow(const Layer<Dtype>& l, const CometLayerShape&, CometLayerFacts* f) {
   FromOutput(f, CometLayerFacts::ELU_OF_OUTPUT);
+  if (l.layer_param().elu_param().alpha() >= 0) f->exact_sign = true;
+  else All(&f->bottom, COMET_READS_SIGN);
 }
 
 template <typename Dtype>

@@ -188,7 +188,8 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
   for (int b = 0; b < B; ++b) members[group[b]].push_back(b);
 
   std::vector<int> last_fwd(G, -1), last_bwd(G, L);
-  std::vector<bool> prot(G, false), sign_only(G, true), any_sign(G, false), lossy_ok(G, true);
+  std::vector<bool> prot(G, false), sign_only(G, true), any_sign(G, false), lossy_ok(G, true),
+      lossy_reader(G, false);
   std::vector<std::vector<int> > readers(G);
   plan.bound_of_layer.assign(L, -1);
   plan.tops_written.assign(L, std::vector<int>());
@@ -208,10 +209,15 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         if (!runs_backward || read == COMET_READS_NOTHING) continue;
         readers[g].push_back(i);
         last_bwd[g] = std::min(last_bwd[g], i);
-        if (read != COMET_READS_SIGN) sign_only[g] = false;
+        // Only ReLU's backward is served from a sign mask (the store computes it); any other
+        // layer that asks a sign reads the blob's memory, which must then hold values with
+        // exact signs (ELU with alpha < 0): it keeps the blob from being a mask alone.
+        if (read != COMET_READS_SIGN || !(f.relu_from_mask && param.relu_masks()))
+          sign_only[g] = false;
         if (read == COMET_READS_SIGN || f.exact_sign) any_sign[g] = true;
-        if (read == COMET_READS_VALUE && (!layer_lossy || (side == 0 && k == f.exact_bottom)))
-          lossy_ok[g] = false;
+        const bool strict = !layer_lossy || (side == 0 && k == f.exact_bottom);
+        if (read == COMET_READS_VALUE && strict) lossy_ok[g] = false;
+        if (read == COMET_READS_VALUE && !strict) lossy_reader[g] = true;
       }
     }
     const std::vector<int>& tops = net.top_ids(i);
@@ -239,10 +245,9 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
       e.action = CometActions::RELEASE;
       e.name = e.blob;
     } else if (sign_only[g]) {
-      if (!param.relu_masks()) continue;
       e.action = CometActions::MASK;
       e.name = net.layer_names()[readers[g][0]];
-    } else if (lossy_ok[g]) {
+    } else if (lossy_ok[g] && lossy_reader[g]) {  // without a lossy reader: signs alone, dense
       e.action = CometActions::LOSSY;
       e.signs = any_sign[g];
       std::set<int> seen;

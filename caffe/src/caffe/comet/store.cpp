@@ -1194,13 +1194,23 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
     // restored input; the output it rewrites is what the backward reads too). Without
     // recompute_lrn this happens only for a second backward after one forward.
     const Clock::time_point start = Clock::now();
-    // An output no backward reads (LRN's CPU backward computes it again) was freed: the
-    // forward writes it once more, and it is freed again after.
+    // An output no backward reads (LRN's CPU backward computes it again) was freed, or is held
+    // for the layers above (outside a step, until the next forward: a ReLU mask, a compressed
+    // copy): the forward writes it once more, into memory of its own, and it is freed again
+    // after, with what held it back on. Restoring a mask would fail and a copy be decoded for
+    // nothing.
     std::vector<std::pair<SyncedMemory*, shared_ptr<CometPayload> > > freed;
     const std::vector<Blob<Dtype>*>& outs = net_->top_vecs()[layer];
     for (int t = 0; t < outs.size(); ++t) {
       SyncedMemory* mem = outs[t]->data().get();
-      if (!mem->comet_payload() || mem->comet_payload()->kind() != CometPayload::RELEASED) continue;
+      const CometPayload* p = mem->comet_payload().get();
+      if (!p) continue;
+      const bool held = p->kind() == CometPayload::MASK || p->kind() == CometPayload::LOSSY ||
+                        p->kind() == CometPayload::DERIVED;
+      if (p->kind() != CometPayload::RELEASED &&
+          !(held && plan_.facts[layer].read_top(t) == COMET_READS_NOTHING)) {
+        continue;
+      }
       freed.push_back(std::make_pair(mem, mem->comet_payload()));
       mem->comet_payload().reset();
     }

@@ -3240,6 +3240,80 @@ TEST_F(CometStoreTest, AnLrnOutputThatOnlyMaxPoolingReadsIsFreed) {
   }
 }
 
+// LRN across channels with a ReLU in place on its output (found by scripts/fuzz_nets): outside a
+// training step (pycaffe's net.forward() and net.backward()) the store keeps the output's sign
+// mask for a second backward, and the forward that recomputes LRN's scale rewrote the output by
+// restoring it first: a fatal "held only as the signs". It now writes it into memory of its own
+// and puts the mask back; the gradients are COMET off's, twice in a row.
+TEST_F(CometStoreTest, AnLrnRecomputedOutsideAStepLeavesWhatTheLayersAboveHold) {
+  const std::string net = ActivationNet(
+      "lrn_relu", "", "conv1",
+      "layer { name: 'norm' type: 'LRN' bottom: 'conv2' top: 'norm' "
+      "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 } } "
+      "layer { name: 'relu' type: 'ReLU' bottom: 'norm' top: 'norm' } ", "norm");
+  const char* blocks[] = {"comet { compress_type: 'None' recompute_lrn: true }",
+                          "comet { compress_type: 'None' recompute_lrn: true keep_compressed: true }",
+                          "comet { compress_type: 'None' }"};
+  for (int k = 0; k < 3; ++k) {
+    shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01"), on = SolverFor(net, blocks[k], "0.01");
+    Run(off.get(), 2);
+    Run(on.get(), 2);
+    for (int pass = 0; pass < 2; ++pass) {
+      std::string error;
+      for (int s = 0; s < 2; ++s) {
+        caffe::Net<float>* n = (s ? off : on)->net().get();
+        n->ClearParamDiffs();
+        Caffe::set_random_seed(7);
+        error = FatalMessageOf([&] { n->Forward(); n->Backward(); });
+        ASSERT_EQ(error, "") << blocks[k] << ", pass " << pass;
+      }
+      const std::vector<Blob<float>*>& a = on->net()->learnable_params();
+      const std::vector<Blob<float>*>& b = off->net()->learnable_params();
+      for (int i = 0; i < a.size(); ++i)
+        for (int j = 0; j < a[i]->count(); ++j)
+          ASSERT_EQ(a[i]->cpu_diff()[j], b[i]->cpu_diff()[j]) << blocks[k] << ", param " << i;
+    }
+    const CometStore<float>* store = on->comet();
+    bool mask = false;
+    for (int e = 0; e < store->entries().size(); ++e)
+      mask |= store->entries()[e].blob == "norm" && store->entries()[e].action == CometStore<float>::MASK;
+    EXPECT_TRUE(mask) << blocks[k] << ": the LRN output is no longer a mask; the test tests nothing";
+  }
+}
+
+// ELU takes its backward's branch from its output's sign (patch 0042): not in place its input is
+// freed after the forward, and its output stored with exact signs. With alpha < 0 it reads the
+// input's sign, and that blob is kept (it was a sign mask, which no layer but ReLU can read: a
+// fatal error at ELU's backward, found by scripts/fuzz_nets). Lossless, training is COMET off's.
+TEST_F(CometStoreTest, AnEluNotInPlaceFreesItsInputUnlessAlphaIsNegative) {
+  const std::string net = ActivationNet(
+      "elu", "layer { name: 'elu1' type: 'ELU' bottom: 'conv1' top: 'elu1' } ", "elu1",
+      "layer { name: 'elu2' type: 'ELU' bottom: 'conv2' top: 'elu2' elu_param { alpha: -0.5 } } ",
+      "elu2");
+  shared_ptr<Solver<float> > exact, off;
+  TrainLosslessAndOff(net, &exact, &off);
+  std::map<std::string, int> action;
+  const CometStore<float>* store = exact->comet();
+  for (int e = 0; e < store->entries().size(); ++e)
+    action[store->entries()[e].blob] = store->entries()[e].action;
+  EXPECT_EQ(action.count("conv1"), 1);
+  EXPECT_EQ(action["conv1"], CometStore<float>::RELEASE) << "elu1's input";
+  EXPECT_EQ(action.count("conv2"), 0) << "elu2's input (alpha < 0) is kept dense";
+  // lossy: elu1's output stored with its signs (a lossy sign would flip ELU's branch), and a
+  // step that runs through
+  shared_ptr<Solver<float> > lossy = SolverFor(net, "comet { eb_mode: FIXED error_bound: 1e-2 }", "0.01");
+  const std::string error = FatalMessageOf([&] { Run(lossy.get(), 3); });
+  EXPECT_EQ(error, "");
+  bool signs = false;
+  for (int e = 0; e < lossy->comet()->entries().size(); ++e) {
+    const CometStore<float>::Entry& en = lossy->comet()->entries()[e];
+    if (en.blob == "elu1") signs = en.action == CometStore<float>::LOSSY && en.signs;
+  }
+  EXPECT_TRUE(signs) << "elu1 is not stored lossy with exact signs";
+  StepBothFromTheSameWeights(lossy.get(), off.get());
+  EXPECT_LT(WeightGradientError(lossy.get(), off.get(), "conv1"), 0.05);
+}
+
 // Max pooling with overlapping windows, LRN across channels and Dropout: their private buffers are
 // stored as codes (argmax, Dropout mask) or freed and recomputed (LRN scale), all exactly.
 TEST_F(CometStoreTest, LayerBuffersAreExactAndFreed) { CheckLayerBuffers(); }

@@ -131,6 +131,7 @@ Configs AllConfigs() {
       .Bottom(img).InPlace();
   c.Add("ELU", "type: 'ELU'").Bottom(img);
   c.Add("ELU", "type: 'ELU'").Bottom(img).InPlace();
+  c.Add("ELU", "type: 'ELU' elu_param { alpha: -0.5 }").Bottom(img);  // reads the input's sign
   c.Add("AbsVal", "type: 'AbsVal'").Bottom(img);
   c.Add("BNLL", "type: 'BNLL'").Bottom(img);
   c.Add("Clip", "type: 'Clip' clip_param { min: -0.5 max: 0.5 }").Bottom(img);
@@ -594,8 +595,14 @@ TEST_F(CometFactsTest, SigmoidTanHELUExpAndSoftmaxNameTheirDerivative) {
   const CometLayerFacts elu = CometFactsRegistry<float>::Of(ELULayer<float>(lp), bottom, top);
   EXPECT_EQ(elu.derivative, CometLayerFacts::ELU_OF_OUTPUT);
   EXPECT_TRUE(elu.lossy_input);
-  EXPECT_EQ(elu.read_bottom(0), COMET_READS_SIGN);  // where x > 0, dx = dy
+  // where y > 0 (exactly where x > 0 with alpha >= 0; patch 0042), dx = dy: y's signs exact
+  EXPECT_EQ(elu.read_bottom(0), COMET_READS_NOTHING);
   EXPECT_EQ(elu.read_top(0), COMET_READS_VALUE);
+  EXPECT_TRUE(elu.exact_sign);
+  lp.mutable_elu_param()->set_alpha(-0.5);  // x > 0 no longer follows from y: x's sign is read
+  const CometLayerFacts neg = CometFactsRegistry<float>::Of(ELULayer<float>(lp), bottom, top);
+  EXPECT_EQ(neg.read_bottom(0), COMET_READS_SIGN);
+  EXPECT_EQ(neg.read_top(0), COMET_READS_VALUE);
 }
 
 // LRN reads its input's values, lossy under LRN's rule, in both regions. Within a channel its

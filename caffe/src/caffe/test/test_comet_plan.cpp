@@ -180,23 +180,30 @@ TEST_F(CometPlanTest, SigmoidAndTanHOutputsAreLossyUnderTheDerivativeRule) {
   EXPECT_EQ(ActionOf("conv2"), CometActions::KEEP);
 }
 
-// ELU reads its input's sign and its output's values: not in place, the input is a mask (when
-// nothing else reads it) and the output lossy under the derivative rule; in place, the one blob
-// is lossy with its sign mask (y's sign is x's).
-TEST_F(CometPlanTest, ELUKeepsItsInputsSignAndItsOutputLossy) {
+// ELU reads its output's values and takes its branch from their sign (patch 0042): not in place,
+// nothing reads the input (released) and the output is lossy under the derivative rule with its
+// sign mask; in place the same for the one blob. With alpha < 0 it reads its input's sign: that
+// input is kept dense, not made a mask, which only ReLU's backward (the store's) can read.
+TEST_F(CometPlanTest, ELUKeepsItsOutputsSignAndItsOutputLossy) {
+  const std::string tail =
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv2' top: 'ip' inner_product_param { "
+      "num_output: 3" + std::string(kFill) + "} } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
   Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
         "layer { name: 'elu1' type: 'ELU' bottom: 'conv1' top: 'e1' } " + Conv("conv2", "e1", 4) +
-        InPlace("elu2", "ELU", "conv2") +
-        "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv2' top: 'ip' inner_product_param { "
-        "num_output: 3" + kFill + "} } "
-        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ");
-  EXPECT_EQ(ActionOf("conv1"), CometActions::MASK);
+        InPlace("elu2", "ELU", "conv2") + tail);
+  EXPECT_EQ(ActionOf("conv1"), CometActions::RELEASE);
   ASSERT_EQ(ActionOf("e1"), CometActions::LOSSY);
-  EXPECT_FALSE(EntryOf("e1")->signs);
+  EXPECT_TRUE(EntryOf("e1")->signs);
   EXPECT_EQ(plan_.bounds[EntryOf("e1")->eb_layers[0]].rule, CometPlanBound::DERIVATIVE);
   ASSERT_EQ(ActionOf("conv2"), CometActions::LOSSY);
   EXPECT_TRUE(EntryOf("conv2")->signs);
   EXPECT_EQ(EntryOf("conv2")->name, "elu2+ip");
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+        "layer { name: 'elu1' type: 'ELU' bottom: 'conv1' top: 'e1' elu_param { alpha: -1 } } " +
+        Conv("conv2", "e1", 4) + tail);
+  EXPECT_EQ(ActionOf("conv1"), CometActions::KEEP);
+  EXPECT_EQ(ActionOf("e1"), CometActions::LOSSY);
 }
 
 // PReLU reads its input's values (its slope's gradient) and exact signs (its input gradient): in

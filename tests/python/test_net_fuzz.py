@@ -1,0 +1,72 @@
+"""Random nets (scripts/fuzz_nets.py): COMET off against a lossless and a lossy store on topologies that
+nobody wrote by hand. The first CI_SEEDS seeds run here; `scripts/fuzz_nets --seeds 0-399` runs more.
+Each seed found what it found: out-of-place ELU's input held as a ReLU mask that ELU's backward read
+(a fatal error on every such net), LRN's recomputed forward restoring a ReLU mask outside a step."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from cometctl import paths
+from cometctl.errors import CometError
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import fuzz_nets  # noqa: E402
+
+CI_SEEDS = 40
+
+try:
+    PYCAFFE = paths.pycaffe_dir()
+except CometError as e:  # the test command always builds first; this only helps a bare `pytest`
+    pytest.skip(f"fork not built: {e}", allow_module_level=True)
+
+
+@pytest.mark.parametrize("seed", range(CI_SEEDS))
+def test_a_random_net_trains_as_comet_off(tmp_path, seed):
+    res = fuzz_nets.check(seed, PYCAFFE, tmp_path)
+    assert res["verdict"] != "SKIP", f"seed {seed}: {res['problems']} (make the generator avoid it)"
+    assert res["verdict"] == "PASS", f"seed {seed} (scripts/fuzz_nets --print {seed}):\n" + "\n".join(res["problems"])
+
+
+def test_the_seeds_cover_what_the_generator_claims():
+    """The CI seeds together use every layer type and every switch the docstring names."""
+    texts = [fuzz_nets.net_text(s) for s in range(CI_SEEDS)]
+    types = set()
+    for t in texts:
+        types |= set(re.findall(r'type: "([A-Za-z]+)"', t))
+    want = {"Convolution", "ReLU", "PReLU", "ELU", "TanH", "Sigmoid", "Swish", "Exp", "Dropout", "BatchNorm",
+            "Scale", "AbsVal", "BNLL", "Power", "Clip", "MVN", "LRN", "Bias", "Pooling", "Eltwise", "Concat",
+            "Slice", "Deconvolution", "InnerProduct", "SoftmaxWithLoss"}
+    assert want <= types, f"never generated in {CI_SEEDS} seeds: {sorted(want - types)}"
+    joined = "\n".join(texts)
+    for feature in ("WITHIN_CHANNEL", "lr_mult: 0", "propagate_down: false", "force_backward: true",
+                    "global_pooling: true", "operation: PROD", "operation: MAX", "Accuracy", "Crop",
+                    "EuclideanLoss", "Reduction", "pool: MAX", "pool: AVE", "group: "):
+        assert feature in joined, f"never generated in {CI_SEEDS} seeds: {feature}"
+    assert any(re.search(r'bottom: "(\w+)" top: "\1"', t) for t in texts), "no layer in place"
+    blocks = " ".join(fuzz_nets.settings(s)["exact"] for s in range(CI_SEEDS))
+    for switch in ("async: false", "pool_codes: false", "layer_buffers: false", "recompute_lrn: true",
+                   "keep_compressed: true", "memory_pool: false", "rebuild_from_batchnorm: false",
+                   "decode_ahead", "memory_pool_headroom", "max_in_flight_mb"):
+        assert switch in blocks, f"the exact runs of {CI_SEEDS} seeds never set {switch}"
+
+
+def test_the_comparison_catches_a_store_that_is_not_lossless(tmp_path, monkeypatch):
+    """The harness itself can fail: a lossy block in the place of the lossless one is reported."""
+    real = fuzz_nets.settings
+
+    def lossy_as_exact(seed):
+        s = real(seed)
+        s["exact"] = "eb_mode: FIXED error_bound: 0.01 tiled_gemm: false"
+        return s
+
+    monkeypatch.setattr(fuzz_nets, "settings", lossy_as_exact)
+    res = fuzz_nets.check(0, PYCAFFE, tmp_path)
+    assert res["verdict"] == "FAIL"
+    assert any(p.startswith("exact: gradients of") for p in res["problems"]), res["problems"]
