@@ -10,8 +10,10 @@ Bias), Pooling (MAX with and without its mask top, padded, overlapping, AVE, glo
 SUM/PROD/MAX and Concat of two blobs, a two-bottom Scale, Slice, Deconvolution with a Crop back to an
 earlier blob's size, and side losses (Reduction SUMSQ, EuclideanLoss between two blobs). The head is
 an InnerProduct into SoftmaxWithLoss, sometimes with Accuracy in TRAIN and a second weighted head;
-some nets have `force_backward: true`, some solvers `iter_size: 2`. What a seed makes is a function
-of the seed alone (Python's `random.Random`).
+some nets have `force_backward: true`, some convolutions a twin that shares their weights, some
+activations a `loss_weight` on a top that later layers read; some solvers have `iter_size: 2`, some
+a TEST net (`test_interval: 2`), whose outputs after the last test must match too. What a seed
+makes is a function of the seed alone (Python's `random.Random`).
 
 Every net is trained 3 steps in its own child process each way (Caffe's random seed set again before
 every step, so Dropout draws the same masks), and then pycaffe runs one forward and backward:
@@ -35,7 +37,7 @@ every step, so Dropout draws the same masks), and then pycaffe runs one forward 
 `tiled_gemm: false` in both: the tiles round differently from OpenBLAS's own split (CometGemmTest).
 A child that aborts (a COMET fatal error, a crash) fails its net with the last lines of its stderr.
 
-    scripts/fuzz_nets [--seeds 0-99] [--keep DIR] [--print SEED] [--json FILE]
+    scripts/fuzz_nets [--seeds 0-99] [--keep DIR] [--print SEED] [--json FILE] [--export DIR]
 
 Exit status 0 when every net passes, 1 when any fails (each failure printed with its seed: rerun it
 with `--seeds N --keep DIR` to get the net, the solvers and the logs), 2 on a usage error.
@@ -136,14 +138,22 @@ class NetMaker:
         std = math.sqrt(2.0 / (k * k * src.c / group))
         frozen = self.r.random() < 0.15
         params = ("param { lr_mult: 0 } " * (2 if bias else 1)) if frozen else ""
-        h = (src.h + 2 * pad - dilation * (k - 1) - 1) // stride + 1
-        w = (src.w + 2 * pad - dilation * (k - 1) - 1) // stride + 1
-        self.add(f'layer {{ name: "{n}" type: "Convolution" bottom: "{src.name}" top: "{n}" {params}'
-                 f'{self.propagate_down()}convolution_param {{ num_output: {cout} kernel_size: {k} pad: {pad} '
-                 f'stride: {stride} dilation: {dilation} group: {group} bias_term: {str(bias).lower()} '
-                 f'weight_filler {{ type: "gaussian" std: {std:.4f} }} '
-                 f'bias_filler {{ type: "constant" value: 0.1 }} }} }}', src)
-        self.new(n, cout, h, w)
+        # a twin reading another blob of as many channels shares the weights (Siamese nets)
+        twins = [b for b in self.blobs if b is not src and b.c == src.c]
+        twin = self.r.choice(twins) if twins and self.r.random() < 0.12 else None
+        if twin:
+            mult = "lr_mult: 0 " if frozen else ""
+            params = f'param {{ name: "{n}_w" {mult}}} ' + (f'param {{ name: "{n}_b" {mult}}} ' if bias else "")
+        body = (f'convolution_param {{ num_output: {cout} kernel_size: {k} pad: {pad} stride: {stride} '
+                f'dilation: {dilation} group: {group} bias_term: {str(bias).lower()} '
+                f'weight_filler {{ type: "gaussian" std: {std:.4f} }} '
+                f'bias_filler {{ type: "constant" value: 0.1 }} }} }}')
+        for name, bottom in [(n, src)] + ([(n + "t", twin)] if twin else []):
+            self.add(f'layer {{ name: "{name}" type: "Convolution" bottom: "{bottom.name}" top: "{name}" {params}'
+                     f'{self.propagate_down()}' + body, bottom)
+            h = (bottom.h + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+            w = (bottom.w + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+            self.new(name, cout, h, w)
 
     def activation(self, src: Blob, kind: str, in_place: bool):
         n = self.name(kind)
@@ -179,10 +189,13 @@ class NetMaker:
                              'norm_region: WITHIN_CHANNEL }',
                 "Bias": 'type: "Bias" bias_param { filler { type: "constant" value: 0.2 } }',
             }[kind]
-            self.add(head + (self.propagate_down() if not in_place else "") + body + " }",
+            # a weighted top that later layers read on (Caffe adds the weight to its diff)
+            weight = " loss_weight: 0.001" if not in_place and self.r.random() < 0.06 else ""
+            self.add(head + (self.propagate_down() if not in_place else "") + body + weight + " }",
                      *(() if in_place else (src,)))
         if not in_place:
-            self.new(n, src.c, src.h, src.w)
+            # a weighted top counts as read (Caffe's Split feeds the loss): nothing in place after it
+            self.new(n, src.c, src.h, src.w).read = " loss_weight:" in self.layers[-1]
 
     def pool(self, src: Blob):
         n = self.name("pool")
@@ -214,7 +227,7 @@ class NetMaker:
         n = self.name("join")
         if same and self.r.random() < 0.7:
             b = self.r.choice(same)
-            op = self.r.choice(["SUM", "SUM", "PROD", "MAX", "SCALE"])
+            op = self.r.choice(["SUM", "PROD", "MAX", "SCALE"])
             if op == "SCALE":  # a second bottom as the factors (squeeze-and-excitation's multiply)
                 self.add(f'layer {{ name: "{n}" type: "Scale" bottom: "{a.name}" bottom: "{b.name}" '
                          f'top: "{n}" scale_param {{ axis: 0 }} }}', a, b)
@@ -377,27 +390,32 @@ for i in range(%(steps)d):
     steps.append({k: net.blobs[k].data.ravel().tolist() for k in net.outputs})
     if i == 0:
         reads = blob_reads()
+tests = ({k: solver.test_nets[0].blobs[k].data.ravel().tolist() for k in solver.test_nets[0].outputs}
+         if len(solver.test_nets) else {})
 stats = solver.comet_stats() or {"layers": []}
 caffe.set_random_seed(7)
 net.forward()
 net.backward()
 grads = {k: np.concatenate([p.diff.ravel() for p in v]).tolist() for k, v in net.params.items()}
 grads["input"] = net.blobs["data"].diff.ravel().tolist()
-json.dump({"steps": steps, "grads": grads, "reads": reads,
+json.dump({"steps": steps, "grads": grads, "reads": reads, "tests": tests,
            "kinds": sorted({l["kind"] for l in stats["layers"]})},
           open(folder + "/" + mode + ".json", "w"))
 """ % {"steps": STEPS}
 
 
-def iter_size(seed: int) -> int:
-    """Some nets accumulate two passes a step (solver's iter_size), the same in every run of the seed."""
-    return 2 if random.Random(f"solver {seed}").random() < 0.2 else 1
+def solver_extras(seed: int) -> str:
+    """The same in every run of a seed: some solvers accumulate two passes a step (iter_size), some
+    test the net in TEST phase (its weights shared with the train net) at iterations 0 and 2."""
+    r = random.Random(f"solver {seed}")
+    text = "iter_size: 2\n" if r.random() < 0.2 else ""
+    return text + ("test_iter: 1\ntest_interval: 2\n" if r.random() < 0.4 else "")
 
 
 def solver_text(folder: Path, comet: str | None, seed: int) -> str:
     return (f'net: "{folder}/net.prototxt"\nbase_lr: 0.01\nmomentum: 0.9\nlr_policy: "fixed"\nrandom_seed: 5\n'
             f'max_iter: 100\ndisplay: 0\nsnapshot_after_train: false\nsolver_mode: CPU\n'
-            f'iter_size: {iter_size(seed)}\n' + (f"comet {{ {comet} }}\n" if comet is not None else ""))
+            + solver_extras(seed) + (f"comet {{ {comet} }}\n" if comet is not None else ""))
 
 
 def run_child(pycaffe: Path, folder: Path, mode: str) -> tuple[dict | None, str]:
@@ -436,6 +454,23 @@ def same(a, b, tol: float) -> bool:
         return False
     scale = float(np.max(np.abs(x))) if x.size else 0.0
     return bool(np.all(np.abs(x - y) <= tol * max(scale, 1e-30)))
+
+
+def same_or_both_nan(a: dict, b: dict, tol: float) -> bool:
+    """`same`, where the TEST net's outputs may be NaN or infinite (BatchNorm's global statistics
+    before any step), equal when both are."""
+    import numpy as np
+
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = np.asarray(a[k], dtype=np.float64), np.asarray(b[k], dtype=np.float64)
+        if x.shape != y.shape or not np.array_equal(np.isfinite(x), np.isfinite(y)):
+            return False
+        f = np.isfinite(x)
+        if not np.array_equal(x[~f], y[~f], equal_nan=True) or not same(x[f].tolist(), y[f].tolist(), tol):
+            return False
+    return True
 
 
 def read_problems(off: dict, on: dict, tol: float) -> list[str]:
@@ -501,6 +536,8 @@ def check(seed: int, pycaffe: Path, folder: Path) -> dict:
         if bad:
             problems.append(f"exact: gradients of {', '.join(bad)} differ from COMET off")
         problems += ["exact: " + p for p in read_problems(off, exact, rounding)]
+        if not same_or_both_nan(off["tests"], exact["tests"], rounding):
+            problems.append("exact: the TEST net's outputs at iteration 2 differ from COMET off")
         if not exact["kinds"]:
             problems.append("exact: no COMET plan in the store's figures")
     if off is not None and lossy is not None:
@@ -519,6 +556,21 @@ def check(seed: int, pycaffe: Path, folder: Path) -> dict:
     return {"seed": seed, "verdict": "FAIL" if problems else "PASS", "problems": problems, "figures": figures}
 
 
+def export(seeds: list[int], out: Path) -> int:
+    """--export: the nets as scripts/gpu_zoo_check.py --exact trains them with `caffe train` alone."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = ["# name\tbase_lr\tstart_bound\tcomet { } of the lossless run (scripts/fuzz_nets.py --export)"]
+    for seed in seeds:
+        text, exact = net_text(seed), settings(seed)["exact"]
+        if "WITHIN_CHANNEL" in text and "layer_buffers: false" not in exact:
+            continue  # the store's own LRN backward: the same to float rounding only
+        (out / f"fuzz{seed}.prototxt").write_text(text)
+        rows.append(f"fuzz{seed}\t0.01\t-\t{exact}")
+    (out / "nets.tsv").write_text("\n".join(rows) + "\n")
+    print(f"fuzz_nets: {len(rows) - 1} of {len(seeds)} nets in {out}", file=sys.stderr)
+    return 0
+
+
 def parse_seeds(text: str) -> list[int]:
     seeds = []
     for part in text.split(","):
@@ -531,25 +583,33 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="Details: the docstring of scripts/fuzz_nets.py.")
+    ap = argparse.ArgumentParser(prog="scripts/fuzz_nets", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0-19", help="seeds as 0-19,40,41 (default 0-19)")
-    ap.add_argument("--keep", type=Path, help="keep each net's folder (net, solvers, logs) under DIR/<seed>")
-    ap.add_argument("--print", type=int, metavar="SEED", help="print the net of SEED and the two comet blocks")
-    ap.add_argument("--json", type=Path, help="write every result and figure to FILE")
+    ap.add_argument("--keep", type=Path, metavar="DIR",
+                    help="keep each net's folder (net, solvers, logs) under DIR/<seed>")
+    ap.add_argument("--print", type=int, metavar="SEED", help="print the net of SEED, its solver lines and the "
+                                                             "two comet blocks")
+    ap.add_argument("--json", type=Path, metavar="FILE", help="write every result and figure to FILE")
+    ap.add_argument("--export", type=Path, metavar="DIR",
+                    help="write the seeds' nets and DIR/nets.tsv with each net's lossless comet { } for "
+                         "scripts/gpu_zoo_check.py --exact (`caffe train` alone: the GPU check) instead of running "
+                         "them; nets whose exactness is float rounding (LRN within a channel) are left out")
     try:
         args = ap.parse_args(argv)
         seeds = parse_seeds(args.seeds)
-    except ValueError as e:
-        print(f"fuzz_nets: bad --seeds: {e}", file=sys.stderr)
+    except ValueError:
+        print(f"fuzz_nets: bad --seeds '{args.seeds}': numbers and ranges, as 0-19,40,41", file=sys.stderr)
         return 2
     if args.print is not None:
         print(net_text(args.print), end="")
-        print(f"# solver: iter_size: {iter_size(args.print)}")
+        print("".join(f"# solver: {line}\n" for line in solver_extras(args.print).splitlines()), end="")
         for mode, comet in settings(args.print).items():
             if comet is not None:
                 print(f"# {mode}: comet {{ {comet} }}")
         return 0
+    if args.export:
+        return export(seeds, args.export)
     from cometctl import paths
     from cometctl.errors import CometError
 

@@ -22,11 +22,17 @@ and these checks per net:
   stored COMET on's last `COMET total` line says its activations were stored at least MIN_RATIO (2x)
          smaller: a store that kept everything dense would pass the weight checks with errors of 0
 
+With --exact (the random nets of `scripts/fuzz_nets.py --export`, each with its own lossless comet
+{ } in nets.tsv's fourth column) grad and steps become one check:
+
+  exact  every snapshot of COMET on (steps 1 to --steps) holds COMET off's weights bit for bit
+  stored COMET on's log has a `COMET total` line (a lossless store may hold less than 2x smaller)
+
 The weights are read from the .caffemodel snapshots with a small protobuf wire reader (NetParameter
 field 100 `layer`: name 1, blobs 7; BlobProto data 5, double_data 8), so no protobuf runtime is needed.
 
     python3 gpu_zoo_check.py --caffe BIN --nets-dir DIR [--gpu 0 | --cpu] [--nets a,b] [--steps 5]
-                             [--comet TEXT] [--work DIR] [--timeout SECONDS]
+                             [--comet TEXT] [--exact] [--work DIR] [--timeout SECONDS]
 
 Prints one line per net and a last line "N of M nets PASS"; exit status 1 when one fails, 2 on a usage
 error. On the build machine, tests/python/test_gpu_zoo_check.py runs it with the CPU build.
@@ -237,11 +243,33 @@ def with_start_bound(comet: str, start_bound: str) -> str:
     return f"{comet} error_bound: {start_bound}".strip()
 
 
-def check_net(name: str, base_lr: str, args, work: Path, start_bound: str = "-") -> tuple[bool, str]:
+def exact_problems(d: Path, steps: int) -> tuple[list[str], str]:
+    """--exact: COMET on's snapshots against COMET off's, bit for bit (problems, and what was compared)."""
+    problems, values = [], 0
+    for step in range(1, steps + 1):
+        off, on = d / f"off_iter_{step}.caffemodel", d / f"on_iter_{step}.caffemodel"
+        missing = [p.name for p in (off, on) if not p.exists()]
+        if missing:
+            problems.append(f"exact: no snapshot {', '.join(missing)}")
+            continue
+        a, b = read_weights(off), read_weights(on)
+        if a.keys() != b.keys():
+            problems.append(f"exact: step {step}: the snapshots name different layers")
+            continue
+        differ = [k for k in a if len(a[k]) != len(b[k]) or any(x != y for x, y in zip(a[k], b[k]))]
+        values += sum(len(x) for v in a.values() for x in v)
+        if differ:
+            problems.append(f"exact: step {step}: the weights of {', '.join(differ[:4])} differ from COMET off's")
+            break
+    return problems, f"{values} weights over {steps} steps"
+
+
+def check_net(name: str, base_lr: str, args, work: Path, start_bound: str = "-", own: str = "-") -> tuple[bool, str]:
     net = Path(args.nets_dir) / f"{name}.prototxt"
     d = work / name
     d.mkdir(parents=True, exist_ok=True)
-    runs = {"w0": (0, None), "off": (args.steps, None), "on": (args.steps, with_start_bound(args.comet, start_bound))}
+    comet = own if args.exact and own not in ("", "-") else with_start_bound(args.comet, start_bound)
+    runs = {"w0": (0, None), "off": (args.steps, None), "on": (args.steps, comet)}
     why = {}
     for mode, (steps, comet) in runs.items():
         s = d / f"solver_{mode}.prototxt"
@@ -263,11 +291,19 @@ def check_net(name: str, base_lr: str, args, work: Path, start_bound: str = "-")
         pass
     if stored is None:
         fails.append("stored: no 'COMET total' line in COMET on's log (no store?)")
+    elif args.exact:
+        pass  # masks and releases only: any ratio
     elif not float(stored.group(3)) >= MIN_RATIO:
         fails.append(f"stored: activations only {stored.group(3)}x smaller (at least {MIN_RATIO:g}x expected)")
     (off_losses, off_first), (on_losses, on_first) = shown["off"], shown["on"]
     if not _same_iteration_0(off_losses[:1], off_first, on_losses[:1], on_first, args.iter0_rel):
         fails.append(f"iter0: iteration 0 differs ({off_losses[:1]} {off_first[:2]} vs {on_losses[:1]} {on_first[:2]})")
+    if args.exact:
+        problems, compared = exact_problems(d, args.steps)
+        fails += problems
+        text = (f"stored {stored.group(1)} -> {stored.group(2)} ({stored.group(3)}x), " if stored else "") + \
+            (f"{compared} the same bit for bit" if not problems else compared)
+        return not fails, text + ("; " + "; ".join(fails) if fails else "")
     w0 = d / "w0_iter_0.caffemodel"
     initial = read_weights(w0) if w0.exists() else None
     figures = {}
@@ -309,6 +345,11 @@ def main(argv=None) -> int:
     ap.add_argument("--comet", default=DEFAULT_COMET, help=f'inside of comet {{ }} (default "{DEFAULT_COMET}")')
     ap.add_argument("--target", type=float, default=0.05,
                     help="the first step's limit: --comet's adaptive_target, or what a FIXED block is held to (default 0.05)")
+    ap.add_argument("--exact", action="store_true",
+                    help="COMET on (each net's own comet { } from nets.tsv's fourth column, else --comet) must "
+                         "give COMET off's weights bit for bit at every step (scripts/fuzz_nets.py --export)")
+    ap.add_argument("--no-own", action="store_true",
+                    help="with --exact: --comet for every net, not nets.tsv's blocks (gpu-check's stream fallback)")
     ap.add_argument("--work", help="keep the solvers, logs and snapshots here (default: a temporary folder)")
     ap.add_argument("--timeout", type=float, default=120, help="seconds allowed per caffe run (default 120)")
     ap.add_argument("--iter0-rel", type=float, default=0.0,
@@ -325,6 +366,7 @@ def main(argv=None) -> int:
     rows = [line.split("\t") for line in table.read_text().splitlines() if line and not line.startswith("#")]
     nets = {r[0]: r[1] for r in rows}
     start = {r[0]: (r[2] if len(r) > 2 else "-") for r in rows}  # tables of older bundles have two columns
+    own = {r[0]: (r[3] if len(r) > 3 and not args.no_own else "-") for r in rows}  # fuzz_nets.py --export
     names = [n for n in (args.nets or "").split(",") if n] or list(nets)
     unknown = [n for n in names if n not in nets]
     if unknown:
@@ -335,7 +377,7 @@ def main(argv=None) -> int:
     try:
         for name in names:
             t = time.time()
-            ok, text = check_net(name, nets[name], args, work, start[name])
+            ok, text = check_net(name, nets[name], args, work, start[name], own[name])
             print(f"gpu-zoo: {name}: {'PASS' if ok else 'FAIL'} in {time.time() - t:.1f} s: {text}", flush=True)
             if not ok:
                 failed.append(name)

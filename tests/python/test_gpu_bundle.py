@@ -484,7 +484,7 @@ def test_gpu_check_without_a_gpu_names_each_step_and_writes_few_files(bundle, tm
     assert summary.startswith("COMET-Caffe GPU check: FAIL")
     for step in ("device", "gtest-comet", "gtest-every-solver", "gtest-comet-cudnn", "sz-test-gpu", "sz-bench", "train-runtime", "train-caffenet-off",
                  "train-caffenet-on", "train-caffenet-sync", "train-caffenet-cudnn-off", "train-caffenet-cudnn-on", "train-resnet18-off",
-                 "train-resnet18-on", "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "plan-caffenet", "plan-cometctl", "resume-resnet18", "resume-caffenet", "gpu-zoo", "gpu-zoo-cudnn", "gtest-upstream", "gtest-upstream-gradients", "gtest-comet-rest",
+                 "train-resnet18-on", "train-resnet18-cudnn-off", "train-resnet18-cudnn-on", "plan-caffenet", "plan-cometctl", "resume-resnet18", "resume-caffenet", "gpu-zoo", "gpu-zoo-cudnn", "gpu-fuzz", "gtest-upstream", "gtest-upstream-gradients", "gtest-comet-rest",
                  "gtest-upstream-double"):
         assert re.search(rf"^{re.escape(step)} +(PASS|FAIL|TIMEOUT|SKIP) ", summary, re.M), (step, summary)
     # no GPU here, so none to spread -gpu all over: not applicable, which alone would not make it INCOMPLETE
@@ -586,6 +586,7 @@ def test_gpu_check_runs_later_comet_steps_in_the_step_after_the_stream_hangs(bun
     assert all("async: false" in s for s in comet[1:]), log.read_text()
     assert any("resume-" in s for s in comet[1:]), log.read_text()
     assert any("models/zoo/" in s for s in comet[1:]), log.read_text()  # gpu-zoo's runs too
+    assert any("models/fuzz/" in s for s in comet[1:]), log.read_text()  # and gpu-fuzz's
 
 
 def test_gpu_check_falls_back_from_the_stream_when_the_comet_gtests_are_cut(bundle, tmp_path):

@@ -165,3 +165,23 @@ def test_solver_text_adds_tiled_gemm_off_on_the_cpu_only_when_comet_does_not_set
     # a field twice is a parse error in caffe: --comet's own setting is the only one
     assert comet_line("cpu", "tiled_gemm: true") == ["comet { tiled_gemm: true }"]
     assert comet_line("cpu", None) == []
+
+
+def test_exact_random_nets_match_bit_for_bit_and_a_lossy_store_does_not(tmp_path):
+    """gpu-fuzz's check: the random nets of `scripts/fuzz_nets.py --export` with their own lossless
+    blocks give COMET off's weights at every step; the same nets under a lossy block (--no-own) fail."""
+    nets = tmp_path / "fuzz"
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz_nets.py"), "--export", str(nets),
+                        "--seeds", "0-5"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = [line.split("\t") for line in (nets / "nets.tsv").read_text().splitlines() if not line.startswith("#")]
+    assert len(rows) >= 4 and all(len(r) == 4 and 'compress_type: "None"' in r[3] for r in rows), rows
+    p = _check(nets, tmp_path, "--exact", "--steps", "3")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert f"gpu-zoo: {len(rows)} of {len(rows)} nets PASS" in p.stdout, p.stdout
+    assert re.search(r"gpu-zoo: fuzz0: PASS .* \d+ weights over 3 steps the same bit for bit", p.stdout), p.stdout
+    on = (tmp_path / "work" / rows[0][0] / "solver_on.prototxt").read_text()
+    assert rows[0][3] in on, on  # the net's own block
+    p = _check(nets, tmp_path, "--exact", "--steps", "3", "--no-own", "--comet", "eb_mode: FIXED error_bound: 0.01")
+    assert p.returncode == 1, p.stdout + p.stderr[-3000:]
+    assert re.search(r"gpu-zoo: fuzz0: FAIL .*exact: step 1: the weights of .* differ from COMET off's", p.stdout), p.stdout

@@ -6,6 +6,7 @@ Each seed found what it found: out-of-place ELU's input held as a ReLU mask that
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import fuzz_nets  # noqa: E402
 
-CI_SEEDS = 40
+CI_SEEDS = 48
 
 try:
     PYCAFFE = paths.pycaffe_dir()
@@ -47,9 +48,12 @@ def test_the_seeds_cover_what_the_generator_claims():
     joined = "\n".join(texts)
     for feature in ("WITHIN_CHANNEL", "lr_mult: 0", "propagate_down: false", "force_backward: true",
                     "global_pooling: true", "operation: PROD", "operation: MAX", "Accuracy", "Crop",
-                    "EuclideanLoss", "Reduction", "pool: MAX", "pool: AVE", "group: "):
+                    "EuclideanLoss", "Reduction", "pool: MAX", "pool: AVE", "dilation: 2", "_mask",
+                    '_w" ', "loss_weight: 0.001"):
         assert feature in joined, f"never generated in {CI_SEEDS} seeds: {feature}"
     assert any(re.search(r'bottom: "(\w+)" top: "\1"', t) for t in texts), "no layer in place"
+    solvers = "".join(fuzz_nets.solver_extras(s) for s in range(CI_SEEDS))
+    assert "iter_size: 2" in solvers and "test_interval" in solvers, solvers
     blocks = " ".join(fuzz_nets.settings(s)["exact"] for s in range(CI_SEEDS))
     for switch in ("async: false", "pool_codes: false", "layer_buffers: false", "recompute_lrn: true",
                    "keep_compressed: true", "memory_pool: false", "rebuild_from_batchnorm: false",
@@ -70,3 +74,14 @@ def test_the_comparison_catches_a_store_that_is_not_lossless(tmp_path, monkeypat
     res = fuzz_nets.check(0, PYCAFFE, tmp_path)
     assert res["verdict"] == "FAIL"
     assert any(p.startswith("exact: gradients of") for p in res["problems"]), res["problems"]
+
+
+def test_fuzz_nets_explains_itself_and_refuses_bad_seeds():
+    script = ROOT / "scripts" / "fuzz_nets.py"
+    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, check=True).stdout
+    assert "bit for bit" in out and "--seeds" in out and "--export DIR" in out, out
+    p = subprocess.run([sys.executable, str(script), "--seeds", "1-x"], capture_output=True, text=True)
+    assert p.returncode == 2 and "bad --seeds '1-x'" in p.stderr, p.stderr
+    printed = subprocess.run([sys.executable, str(script), "--print", "3"], capture_output=True, text=True,
+                             check=True).stdout
+    assert printed.startswith(fuzz_nets.net_text(3)) and "# exact: comet {" in printed, printed
