@@ -43,13 +43,14 @@ def test_the_seeds_cover_what_the_generator_claims():
         types |= set(re.findall(r'type: "([A-Za-z]+)"', t))
     want = {"Convolution", "ReLU", "PReLU", "ELU", "TanH", "Sigmoid", "Swish", "Exp", "Dropout", "BatchNorm",
             "Scale", "AbsVal", "BNLL", "Power", "Clip", "MVN", "LRN", "Bias", "Pooling", "Eltwise", "Concat",
-            "Slice", "Deconvolution", "InnerProduct", "SoftmaxWithLoss"}
+            "Slice", "Deconvolution", "InnerProduct", "SoftmaxWithLoss", "Softmax", "Log", "Tile", "Flatten",
+            "Reshape"}
     assert want <= types, f"never generated in {CI_SEEDS} seeds: {sorted(want - types)}"
     joined = "\n".join(texts)
     for feature in ("WITHIN_CHANNEL", "lr_mult: 0", "propagate_down: false", "force_backward: true",
                     "global_pooling: true", "operation: PROD", "operation: MAX", "Accuracy", "Crop",
                     "EuclideanLoss", "Reduction", "pool: MAX", "pool: AVE", "dilation: 2", "_mask",
-                    '_w" ', "loss_weight: 0.001"):
+                    '_w" ', "loss_weight: 0.001", "alpha: -0.5", "channel_shared: true"):
         assert feature in joined, f"never generated in {CI_SEEDS} seeds: {feature}"
     assert any(re.search(r'bottom: "(\w+)" top: "\1"', t) for t in texts), "no layer in place"
     solvers = "".join(fuzz_nets.solver_extras(s) for s in range(CI_SEEDS))

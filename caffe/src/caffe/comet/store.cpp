@@ -1191,34 +1191,21 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
       continue;
     }
     // LRN's backward reads the scale its forward computed: run the forward again (on the
-    // restored input; the output it rewrites is what the backward reads too). Without
-    // recompute_lrn this happens only for a second backward after one forward.
+    // restored input). Without recompute_lrn this happens only for a second backward after one
+    // forward. An output the backward reads too (on the GPU) it writes where it was; one the
+    // backward does not read (LRN's CPU backward computes it again, patch 0027) goes to a
+    // scratch blob, so that the blob keeps what it holds now: nothing (freed), a ReLU mask or
+    // compressed copy held for the layers above, or what an in-place layer above wrote there
+    // (a Sigmoid's output, which a second backward and pycaffe read; found by scripts/fuzz_nets).
     const Clock::time_point start = Clock::now();
-    // An output no backward reads (LRN's CPU backward computes it again) was freed, or is held
-    // for the layers above (outside a step, until the next forward: a ReLU mask, a compressed
-    // copy): the forward writes it once more, into memory of its own, and it is freed again
-    // after, with what held it back on. Restoring a mask would fail and a copy be decoded for
-    // nothing.
-    std::vector<std::pair<SyncedMemory*, shared_ptr<CometPayload> > > freed;
-    const std::vector<Blob<Dtype>*>& outs = net_->top_vecs()[layer];
+    std::vector<Blob<Dtype>*> outs = net_->top_vecs()[layer];
+    std::vector<shared_ptr<Blob<Dtype> > > scratch;
     for (int t = 0; t < outs.size(); ++t) {
-      SyncedMemory* mem = outs[t]->data().get();
-      const CometPayload* p = mem->comet_payload().get();
-      if (!p) continue;
-      const bool held = p->kind() == CometPayload::MASK || p->kind() == CometPayload::LOSSY ||
-                        p->kind() == CometPayload::DERIVED;
-      if (p->kind() != CometPayload::RELEASED &&
-          !(held && plan_.facts[layer].read_top(t) == COMET_READS_NOTHING)) {
-        continue;
-      }
-      freed.push_back(std::make_pair(mem, mem->comet_payload()));
-      mem->comet_payload().reset();
+      if (plan_.facts[layer].read_top(t) != COMET_READS_NOTHING) continue;
+      scratch.push_back(shared_ptr<Blob<Dtype> >(new Blob<Dtype>(outs[t]->shape())));
+      outs[t] = scratch.back().get();
     }
     net_->layers()[layer]->Forward(net_->bottom_vecs()[layer], outs);
-    for (int t = 0; t < freed.size(); ++t) {
-      freed[t].first->comet_release();
-      freed[t].first->comet_payload() = freed[t].second;  // its marker back on
-    }
     const double ms = CometMsSince(start);
     e.encode_ms += ms;
     e.timing->wait_ms += ms;

@@ -3281,6 +3281,43 @@ TEST_F(CometStoreTest, AnLrnRecomputedOutsideAStepLeavesWhatTheLayersAboveHold) 
   }
 }
 
+// The same LRN with a Sigmoid in place on its output: the blob holds the Sigmoid's output, dense,
+// which the Sigmoid's backward reads. The forward that recomputes LRN's scale wrote LRN's output
+// over it: a second backward computed the Sigmoid's gradient from it, and a read after the step
+// saw LRN's values (found by scripts/fuzz_nets). That forward's unread output goes to a scratch
+// blob now: the blob reads as COMET off's after each step, and both backward passes match.
+TEST_F(CometStoreTest, AnLrnRecomputedBeneathAnInPlaceLayerLeavesItsOutput) {
+  const std::string net = ActivationNet(
+      "lrn_sigmoid", "", "conv1",
+      "layer { name: 'norm' type: 'LRN' bottom: 'conv2' top: 'norm' "
+      "  lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 } } "
+      "layer { name: 'sig' type: 'Sigmoid' bottom: 'norm' top: 'norm' } ", "norm");
+  const char* block = "comet { compress_type: 'None' recompute_lrn: true }";
+  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01"), on = SolverFor(net, block, "0.01");
+  Run(off.get(), 2);
+  Run(on.get(), 2);
+  const Blob<float>* a = on->net()->blob_by_name("norm").get();
+  const Blob<float>* b = off->net()->blob_by_name("norm").get();
+  for (int j = 0; j < a->count(); ++j) ASSERT_EQ(a->cpu_data()[j], b->cpu_data()[j]) << "norm " << j;
+  for (int pass = 0; pass < 3; ++pass) {  // one forward, then backward twice
+    for (int s = 0; s < 2; ++s) {
+      caffe::Net<float>* n = (s ? off : on)->net().get();
+      n->ClearParamDiffs();
+      Caffe::set_random_seed(7);
+      const std::string error = FatalMessageOf([&] {
+        if (pass == 0) n->Forward();
+        n->Backward();
+      });
+      ASSERT_EQ(error, "") << "pass " << pass;
+    }
+    const std::vector<Blob<float>*>& pa = on->net()->learnable_params();
+    const std::vector<Blob<float>*>& pb = off->net()->learnable_params();
+    for (int i = 0; i < pa.size(); ++i)
+      for (int j = 0; j < pa[i]->count(); ++j)
+        ASSERT_EQ(pa[i]->cpu_diff()[j], pb[i]->cpu_diff()[j]) << "pass " << pass << ", param " << i;
+  }
+}
+
 // ELU takes its backward's branch from its output's sign (patch 0042): not in place its input is
 // freed after the forward, and its output stored with exact signs. With alpha < 0 it reads the
 // input's sign, and that blob is kept (it was a sign mask, which no layer but ReLU can read: a
