@@ -544,12 +544,20 @@ def relative_errors(off: dict, on: dict) -> dict[str, float]:
     return out
 
 
+def exact_to_rounding(text: str, exact: str) -> bool:
+    """Whether a net's lossless run matches COMET off to float rounding only: the store computes LRN
+    within a channel's backward itself (layer_buffers), equal to upstream's chain of five layers to
+    rounding (docs/comet.md)."""
+    return "WITHIN_CHANNEL" in text and "layer_buffers: false" not in exact
+
+
 def check(seed: int, pycaffe: Path, folder: Path) -> dict:
     """Runs one seed's net three ways in `folder`; returns {seed, verdict, problems, figures}."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "net.prototxt").write_text(net_text(seed))
+    text, blocks = net_text(seed), settings(seed)
+    (folder / "net.prototxt").write_text(text)
     runs, problems = {}, []
-    for mode, comet in settings(seed).items():
+    for mode, comet in blocks.items():
         (folder / f"solver_{mode}.prototxt").write_text(solver_text(folder, comet, seed))
         runs[mode], err = run_child(pycaffe, folder, mode)
         if err:
@@ -560,10 +568,7 @@ def check(seed: int, pycaffe: Path, folder: Path) -> dict:
         return {"seed": seed, "verdict": "SKIP", "problems": ["COMET off is not finite: not a test"],
                 "figures": {}}
     if off is not None and exact is not None:
-        # the store computes LRN within a channel's backward itself, equal to upstream's chain of five
-        # layers to float rounding only (docs/comet.md): there, "the same" is within ROUNDING
-        rounding = ROUNDING if ("WITHIN_CHANNEL" in net_text(seed)
-                                and "layer_buffers: false" not in (settings(seed)["exact"] or "")) else 0.0
+        rounding = ROUNDING if exact_to_rounding(text, blocks["exact"]) else 0.0
         bad = [i + 1 for i, (a, b) in enumerate(zip(off["steps"], exact["steps"])) if not same(a, b, rounding)]
         if bad:
             problems.append(f"exact: outputs of step(s) {bad} differ from COMET off")
@@ -597,8 +602,8 @@ def export(seeds: list[int], out: Path) -> int:
     rows = ["# name\tbase_lr\tstart_bound\tcomet { } of the lossless run (scripts/fuzz_nets.py --export)"]
     for seed in seeds:
         text, exact = net_text(seed), settings(seed)["exact"]
-        if "WITHIN_CHANNEL" in text and "layer_buffers: false" not in exact:
-            continue  # the store's own LRN backward: the same to float rounding only
+        if exact_to_rounding(text, exact):
+            continue
         (out / f"fuzz{seed}.prototxt").write_text(text)
         rows.append(f"fuzz{seed}\t0.01\t-\t{exact}")
     (out / "nets.tsv").write_text("\n".join(rows) + "\n")
