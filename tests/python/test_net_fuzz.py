@@ -1,7 +1,9 @@
-"""Random nets (scripts/fuzz_nets.py): COMET off against a lossless and a lossy store on topologies that
-nobody wrote by hand. The first CI_SEEDS seeds run here; `scripts/fuzz_nets --seeds 0-399` runs more.
+"""Random nets (scripts/fuzz_nets.py): COMET off against a lossless store and two lossy ones (FIXED and
+ADAPTIVE bounds) on topologies that nobody wrote by hand. The first CI_SEEDS seeds run here;
+`scripts/fuzz_nets --seeds 0-399` runs more.
 Each seed found what it found: out-of-place ELU's input held as a ReLU mask that ELU's backward read
-(a fatal error on every such net), LRN's recomputed forward restoring a ReLU mask outside a step."""
+(a fatal error on every such net), LRN's recomputed forward restoring a ReLU mask outside a step.
+`fuzz_nets.gpu_bitwise` and the export's choice of nets are tested in test_gpu_zoo_check.py."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import fuzz_nets  # noqa: E402
 
-CI_SEEDS = 48
+CI_SEEDS = 64
 
 try:
     PYCAFFE = paths.pycaffe_dir()
@@ -40,19 +42,24 @@ def test_the_seeds_cover_what_the_generator_claims():
     texts = [fuzz_nets.net_text(s) for s in range(CI_SEEDS)]
     types = set()
     for t in texts:
-        types |= set(re.findall(r'type: "([A-Za-z]+)"', t))
+        types |= set(re.findall(r'type: "([A-Za-z0-9]+)"', t))
     want = {"Convolution", "ReLU", "PReLU", "ELU", "TanH", "Sigmoid", "Swish", "Exp", "Dropout", "BatchNorm",
             "Scale", "AbsVal", "BNLL", "Power", "Clip", "MVN", "LRN", "Bias", "Pooling", "Eltwise", "Concat",
             "Slice", "Deconvolution", "InnerProduct", "SoftmaxWithLoss", "Softmax", "Log", "Tile", "Flatten",
-            "Reshape"}
+            "Reshape", "SPP", "Im2col", "Split", "Silence", "Parameter", "LSTM", "RNN", "Embed", "BatchReindex",
+            "ArgMax", "Threshold", "EuclideanLoss", "SigmoidCrossEntropyLoss", "HingeLoss", "ContrastiveLoss",
+            "MultinomialLogisticLoss", "Reduction", "Accuracy", "Crop"}
     assert want <= types, f"never generated in {CI_SEEDS} seeds: {sorted(want - types)}"
     joined = "\n".join(texts)
     for feature in ("WITHIN_CHANNEL", "lr_mult: 0", "propagate_down: false", "force_backward: true",
-                    "global_pooling: true", "operation: PROD", "operation: MAX", "Accuracy", "Crop",
-                    "EuclideanLoss", "Reduction", "pool: MAX", "pool: AVE", "dilation: 2", "_mask",
-                    '_w" ', "loss_weight: 0.001", "alpha: -0.5", "channel_shared: true"):
+                    "global_pooling: true", "operation: PROD", "operation: MAX",
+                    "operation: MEAN", "pool: MAX", "pool: AVE", "dilation: 2", "_mask", '_w" ',
+                    "loss_weight: 0.001", "alpha: -0.5", "channel_shared: true", "bias_param { axis: 0 }",
+                    "propagate_down: true propagate_down: false", 'type: "uniform" min: 0 max: 3.99'):
         assert feature in joined, f"never generated in {CI_SEEDS} seeds: {feature}"
     assert any(re.search(r'bottom: "(\w+)" top: "\1"', t) for t in texts), "no layer in place"
+    assert any(re.search(r'type: "Convolution" bottom: "\w+" bottom:', t) for t in texts), "no two-bottom conv"
+    assert any(re.search(r'type: "Eltwise"( bottom: "\w+"){3}', t) for t in texts), "no three-bottom Eltwise"
     solvers = "".join(fuzz_nets.solver_extras(s) for s in range(CI_SEEDS))
     assert "iter_size: 2" in solvers and "test_interval" in solvers, solvers
     blocks = " ".join(fuzz_nets.settings(s)["exact"] for s in range(CI_SEEDS))
@@ -77,6 +84,22 @@ def test_the_comparison_catches_a_store_that_is_not_lossless(tmp_path, monkeypat
     assert any(p.startswith("exact: gradients of") for p in res["problems"]), res["problems"]
 
 
+def test_the_comparison_catches_adaptive_bounds_that_lose_the_gradient(tmp_path, monkeypatch):
+    """The ADAPTIVE run's gradient check can fail: bounds held at 0.5 or more are reported."""
+    real = fuzz_nets.settings
+
+    def coarse(seed):
+        s = real(seed)
+        s["adaptive"] = "eb_mode: ADAPTIVE error_bound: 0.5 min_error_bound: 0.5 update_interval: 1 tiled_gemm: false"
+        return s
+
+    monkeypatch.setattr(fuzz_nets, "settings", coarse)
+    res = fuzz_nets.check(0, PYCAFFE, tmp_path)
+    assert res["verdict"] == "FAIL"
+    assert any(p.startswith("adaptive: gradient of") for p in res["problems"]), res["problems"]
+    assert not any(p.startswith(("exact:", "lossy:")) for p in res["problems"]), res["problems"]
+
+
 def test_fuzz_nets_explains_itself_and_refuses_bad_seeds():
     script = ROOT / "scripts" / "fuzz_nets.py"
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, check=True).stdout
@@ -85,4 +108,5 @@ def test_fuzz_nets_explains_itself_and_refuses_bad_seeds():
     assert p.returncode == 2 and "bad --seeds '1-x'" in p.stderr, p.stderr
     printed = subprocess.run([sys.executable, str(script), "--print", "3"], capture_output=True, text=True,
                              check=True).stdout
-    assert printed.startswith(fuzz_nets.net_text(3)) and "# exact: comet {" in printed, printed
+    assert printed.startswith(fuzz_nets.net_text(3)), printed
+    assert "# exact: comet {" in printed and "# adaptive: comet { eb_mode: ADAPTIVE" in printed, printed

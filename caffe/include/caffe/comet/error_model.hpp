@@ -91,6 +91,15 @@ std::vector<double> CometWeightErrors(const CometErrorSample& s, const float* dy
 // measurement above is for inputs with zeros and repeated values, whose errors add coherently.
 double CometIndependentWeightError(double dy_sumsq, int outputs, double eb);
 
+// BatchNorm's input gradient dx = (dy - mean(dy) - y mean(dy y)) / std, per channel, with its
+// normalised output y off by errors e uniform in [-eb, eb]: dx moves by (e mean(dy y) +
+// y mean(dy e)) / std, whose mean square over the channel's n values is eb^2 / 3 times what this
+// returns: (mean(dy y)^2 (1 + 2 / n) + mean(y^2) mean(dy^2) / n) / std^2 (sums over the channel
+// given). The terms in 1 / n matter where a channel has few values: BatchNorm after an
+// InnerProduct, n the batch (scripts/fuzz_nets seed 246, at batch 4).
+double CometBatchNormChannelError(double sum_dy_y, double sum_dy_sq, double sum_y_sq, double n,
+                                  double std);
+
 // The bound at which the error reaches `target`, from errors measured at ascending bounds: where
 // the curve's running maximum crosses it (a dip, where the errors of clustered values happen to
 // cancel, is not counted on: it moves with the values), by log-log interpolation; beyond the measured bounds
@@ -120,6 +129,10 @@ const double kCometMaxDriftMargin = 16;
 // starting at 1, 20 of 64 layers above 1.5x the target after two steps.
 const double kCometFirstDriftMargin = 2;
 double CometDriftMargin(double margin, double predicted, double measured);
+
+// The standard deviation of up to kCometErrorSample of x's count values (host or device memory),
+// read in runs spread over the whole array; non-finite values left out.
+double CometSampledStd(const float* x, bool on_device, size_t count);
 
 // Copies `rows` runs of `width` floats from src + offset + r * pitch (host or device memory) into
 // one host array: how a channel block of an N x C x ... blob is read without touching the rest.

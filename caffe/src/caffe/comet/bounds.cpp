@@ -27,6 +27,7 @@ void CometBounds<Dtype>::Reset(const CometPlan& plan) {
   bound_of_layer_ = plan.bound_of_layer;
   measured_.assign(bound_of_layer_.size(), 0);
   spread_.assign(bound_of_layer_.size(), 0);
+  input_std_.assign(bound_of_layer_.size(), 0);
   derivative_.clear();
   for (int i = 0; i < plan.facts.size(); ++i) derivative_.push_back(plan.facts[i].derivative);
   ladder_.assign(bound_of_layer_.size(), Ladder());
@@ -190,7 +191,12 @@ void CometBounds<Dtype>::NoteStoredInput(const CometPlanEntry& e, const float* d
     if (bd.rule != CometPlanBound::WEIGHT_GRADIENT || !Measures(bd.layer_id)) continue;
     const LayerParameter& lp = net_->layers()[bd.layer_id]->layer_param();
     CometWeightGeometry g;
-    if (!WeightGeometry(lp, shape, &g)) continue;
+    if (!WeightGeometry(lp, shape, &g)) {  // the independent estimate, capped by the input's spread
+      size_t count = 1;
+      for (int k = 0; k < shape.size(); ++k) count *= shape[k];
+      input_std_[bd.layer_id] = CometSampledStd(data, on_device, count);
+      continue;
+    }
     int num, channels, height, width;
     Maps(lp, shape, &num, &channels, &height, &width);
     errors_[b] = CometSampleInput(data, on_device, num, channels, height, width, eb, e.signs, g);
@@ -255,17 +261,17 @@ void CometBounds<Dtype>::MeasureWeightErrors(int layer) {
 }
 
 // eb such that the estimated gradient error (per_eb * eb) is adaptive_target times the
-// gradient's RMS, at most kCometBoundPerStoredStd times the stored values' spread where one is
-// given, clamped to [min_error_bound, max_error_bound].
+// gradient's RMS, at most cap where one is given (from the stored values' spread or RMS), clamped
+// to [min_error_bound, max_error_bound].
 template <typename Dtype>
 void CometBounds<Dtype>::SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms,
-                                 double spread) {
+                                 double cap) {
   if (!(per_eb > 0) || !(gradient_rms > 0) || !std::isfinite(per_eb) ||
       !std::isfinite(gradient_rms)) {
     return;  // nothing to learn from this step (a zero or non-finite gradient)
   }
   double eb = param_.adaptive_target() * gradient_rms / per_eb;
-  if (spread > 0 && std::isfinite(spread)) eb = std::min(eb, kCometBoundPerStoredStd * spread);
+  if (cap > 0 && std::isfinite(cap)) eb = std::min(eb, cap);
   Clamped(bd, eb);
 }
 
@@ -292,11 +298,13 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
   if (bd.rule == CometPlanBound::LRN) {
     SetFrom(&bd, measured_[layer], dx_rms);  // LrnErrorPerBound: error / eb
   } else if (bd.rule == CometPlanBound::DERIVATIVE) {
-    SetFrom(&bd, measured_[layer], dx_rms, spread_[layer]);  // DerivativeErrorPerBound: error / eb
+    // DerivativeErrorPerBound: error / eb
+    SetFrom(&bd, measured_[layer], dx_rms, kCometBoundPerStoredStd * spread_[layer]);
   } else if (bd.rule == CometPlanBound::BATCHNORM) {
     // BatchNormErrorScale: RMS error of dx = eb * sqrt(S / (3 C)).
     const double channels = CometLayerAccess<Dtype>::bn_std(net_->layers()[layer].get())->count();
-    SetFrom(&bd, std::sqrt(measured_[layer] / (3. * channels)), dx_rms, spread_[layer]);
+    SetFrom(&bd, std::sqrt(measured_[layer] / (3. * channels)), dx_rms,
+            kCometBoundPerStoredStd * spread_[layer]);
   } else {
     // Weight gradient dW = sum x (x) dy, still the raw data gradient here (regularisation
     // comes later, in ApplyUpdate): the bound where the error measured before the backward
@@ -305,7 +313,9 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
     const double grad_rms = std::sqrt(static_cast<double>(w->sumsq_diff()) / w->count());
     Ladder& ladder = ladder_[layer];
     if (ladder.bounds.empty()) {
-      SetFrom(&bd, measured_[layer], grad_rms);  // the error per unit of bound
+      // the error per unit of bound; 0: the input was not stored this iteration, no cap
+      SetFrom(&bd, measured_[layer], grad_rms, kCometBoundPerStoredStd * input_std_[layer]);
+      input_std_[layer] = 0;
     } else if (grad_rms > 0 && std::isfinite(grad_rms)) {
       // Where the curve is steeper than quadratic (the bound nears the activations' size and
       // most of them round to 0), a small change of the activations moves the error a lot: the
@@ -472,10 +482,11 @@ double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) co
 }
 
 // BatchNorm's input gradient is dx = (dy - mean(dy) - y mean(dy y)) / std per channel, y its
-// normalised output. An error e in y (|e| <= eb, uniform) moves dx by about -e mean(dy y) / std
-// (the term with mean(dy e) averages over the channel's N x H x W values and is negligible), so
-// the RMS error of dx is eb * sqrt(S / (3 C)) with S = sum_c (mean_c(dy y) / std_c)^2. Returns S,
-// computed from the y the backward is about to read.
+// normalised output. An error e in y (|e| <= eb, uniform) moves dx by e mean(dy y) / std and by
+// y mean(dy e) / std, which averages over the channel's N x H x W values (negligible unless they
+// are few), so the RMS error of dx is eb * sqrt(S / (3 C)) with S the sum over the channels of
+// CometBatchNormChannelError (about (mean_c(dy y) / std_c)^2). Returns S, computed from the y
+// the backward is about to read.
 template <typename Dtype>
 double CometBounds<Dtype>::BatchNormErrorScale(int layer, double* spread) const {
   Layer<Dtype>* l = net_->layers()[layer].get();
@@ -489,19 +500,20 @@ double CometBounds<Dtype>::BatchNormErrorScale(int layer, double* spread) const 
   const Dtype* dy = HostValues(top, true, &dy_copy);
   const Dtype* s = HostValues(sd, false, &s_copy);
   double total = 0, y1 = 0, y2 = 0;
+  const double per_channel = static_cast<double>(num) * spatial;
   for (int c = 0; c < channels; ++c) {
-    double m1 = 0;
+    double m1 = 0, dy2 = 0, yy = 0;
     for (int n = 0; n < num; ++n) {
       const size_t off = (static_cast<size_t>(n) * channels + c) * spatial;
       for (int i = 0; i < spatial; ++i) {
         m1 += static_cast<double>(dy[off + i]) * yd[off + i];
+        dy2 += static_cast<double>(dy[off + i]) * dy[off + i];
+        yy += static_cast<double>(yd[off + i]) * yd[off + i];
         y1 += yd[off + i];
-        y2 += static_cast<double>(yd[off + i]) * yd[off + i];
       }
     }
-    m1 /= static_cast<double>(num) * spatial;
-    const double r = m1 / s[c];
-    total += r * r;
+    y2 += yy;
+    total += CometBatchNormChannelError(m1, dy2, yy, per_channel, s[c]);
   }
   *spread = StdOf(y1, y2, y->count());
   return total;

@@ -282,6 +282,32 @@ double CometDriftMargin(double margin, double predicted, double measured) {
   return std::min(std::max(m, 1.), kCometMaxDriftMargin);
 }
 
+double CometBatchNormChannelError(double sum_dy_y, double sum_dy_sq, double sum_y_sq, double n,
+                                  double std) {
+  if (!(n > 0) || !(std > 0)) return 0;
+  const double m1 = sum_dy_y / n;
+  return (m1 * m1 * (1 + 2 / n) + (sum_y_sq / n) * (sum_dy_sq / n) / n) / (std * std);
+}
+
+double CometSampledStd(const float* x, bool on_device, size_t count) {
+  if (count == 0) return 0;
+  const int rows = static_cast<int>(std::min<size_t>(count, 256));
+  const size_t pitch = count / rows;
+  const size_t width = std::max<size_t>(1, std::min(pitch, kCometErrorSample / rows));
+  const std::vector<float> v = CometGatherRows(x, on_device, rows, pitch, 0, width);
+  double sum = 0, sq = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) continue;
+    sum += v[i];
+    sq += static_cast<double>(v[i]) * v[i];
+    ++n;
+  }
+  if (!n) return 0;
+  const double mean = sum / n;
+  return std::sqrt(std::max(sq / n - mean * mean, 0.));
+}
+
 std::vector<float> CometGatherRows(const float* src, bool on_device, int rows, size_t pitch,
                                    size_t offset, size_t width) {
   std::vector<float> out(static_cast<size_t>(rows) * width);
