@@ -355,8 +355,17 @@ float Uniform(unsigned* state, float lo, float hi) {
   return lo + (hi - lo) * ((*state >> 8) / 16777216.f);
 }
 
-// Builds, runs Forward, poisons what the facts call unread, runs Backward.
-Outcome RunConfig(const FactConfig& c, Poison poison, CometLayerFacts* facts_out) {
+// Values set just above or just below zero before Backward (the sign check): every third value
+// of top[index] (else bottom[index]) becomes `value`.
+struct Nudge {
+  bool top;
+  int index;
+  float value;
+};
+
+// Builds, runs Forward, poisons what the facts call unread (or nudges), runs Backward.
+Outcome RunConfig(const FactConfig& c, Poison poison, CometLayerFacts* facts_out,
+                  const Nudge* nudge = NULL) {
   LayerParameter lp;
   CHECK(google::protobuf::TextFormat::ParseFromString(c.param, &lp)) << c.param;
   lp.set_name(c.name);
@@ -453,6 +462,11 @@ Outcome RunConfig(const FactConfig& c, Poison poison, CometLayerFacts* facts_out
     if (shared) continue;
     caffe_set(bottom[k]->count(), std::numeric_limits<float>::quiet_NaN(),
               bottom[k]->mutable_cpu_diff());
+  }
+  if (nudge) {
+    Blob<float>* b = nudge->top ? top[nudge->index] : bottom[nudge->index];
+    float* d = b->mutable_cpu_data();
+    for (int i = 0; i < b->count(); i += 3) d[i] = nudge->value;
   }
   out.cls = typeid(*layer).name();
   CometSetReadContext("the Backward of " + c.name + " under test");
@@ -603,6 +617,62 @@ TEST_F(CometFactsTest, SigmoidTanHELUExpAndSoftmaxNameTheirDerivative) {
   const CometLayerFacts neg = CometFactsRegistry<float>::Of(ELULayer<float>(lp), bottom, top);
   EXPECT_EQ(neg.read_bottom(0), COMET_READS_SIGN);
   EXPECT_EQ(neg.read_top(0), COMET_READS_VALUE);
+}
+
+// The largest change of any diff between two runs whose blob (top or bottom `index`) has every
+// third value at +d and at -d: about 2 d times Backward's slope where it is continuous in that
+// sign, the size of the jump where it branches on it.
+float SignJump(const FactConfig& c, bool top, int index, float d = 1e-5f) {
+  const Nudge up = {top, index, d}, down = {top, index, -d};
+  const Outcome a = RunConfig(c, CLEAN, NULL, &up), b = RunConfig(c, CLEAN, NULL, &down);
+  CHECK(a.error.empty() && b.error.empty() && a.diffs.size() == b.diffs.size()) << c.name;
+  float m = 0;
+  for (size_t k = 0; k < a.diffs.size(); ++k) {
+    bool not_finite = false;
+    m = std::max(m, MaxAbsDiff(a.diffs[k], b.diffs[k], &not_finite));
+    if (not_finite) return std::numeric_limits<float>::infinity();
+  }
+  return m;
+}
+
+// What the store may keep lossy (a bottom the row reads as values with lossy_input, an output the
+// derivative rule reads) changes sign within any bound where it is near 0. A Backward that
+// branches on that sign (PReLU: dx = dy or a dy; ELU unless alpha is 1) needs its row to say
+// exact_sign, so that the store keeps the signs beside the stream; every row without it must be
+// continuous there. The check can fail: PReLU's and ELU's jumps show.
+TEST_F(CometFactsTest, ARowWithoutExactSignIsContinuousInTheSignsOfItsLossyReads) {
+  const Configs configs = AllConfigs();
+  int checked = 0;
+  for (int i = 0; i < configs.list().size(); ++i) {
+    const FactConfig& c = configs.list()[i];
+    CometLayerFacts f;
+    if (!RunConfig(c, CLEAN, &f).error.empty() || f.exact_sign) continue;
+    for (int k = 0; k < c.shapes.size(); ++k) {
+      if (!f.lossy_input || f.read_bottom(k) != COMET_READS_VALUE || c.int_range[k] > 0) continue;
+      EXPECT_LT(SignJump(c, false, k), 0.01f) << Describe(c, f) << ": bottom " << k
+                                              << " near 0 (no exact_sign in the row)";
+      ++checked;
+    }
+    for (int t = 0; t < c.tops && f.derivative != CometLayerFacts::NO_DERIVATIVE; ++t) {
+      if (f.read_top(t) != COMET_READS_VALUE) continue;
+      EXPECT_LT(SignJump(c, true, t), 0.01f) << Describe(c, f) << ": top " << t
+                                             << " near 0 (no exact_sign in the row)";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 15);  // 18: convolutions, inner products, Scale, LRN, the derivative rule's
+  Configs branch;
+  branch.Add("PReLU", "type: 'PReLU' prelu_param { filler { type: 'constant' value: 0.3 } }")
+      .Bottom(S(2, 3, 5, 5));
+  branch.Add("ELU", "type: 'ELU' elu_param { alpha: 0.5 }").Bottom(S(2, 3, 5, 5));
+  const bool tops[] = {false, true};  // PReLU reads its input, ELU its output
+  for (int i = 0; i < 2; ++i) {
+    const FactConfig& c = branch.list()[i];
+    CometLayerFacts f;
+    ASSERT_TRUE(RunConfig(c, CLEAN, &f).error.empty());
+    EXPECT_TRUE(f.exact_sign) << c.name;
+    EXPECT_GT(SignJump(c, tops[i], 0), 0.05f) << c.name << ": the check sees the branch";
+  }
 }
 
 // LRN reads its input's values, lossy under LRN's rule, in both regions. Within a channel its
