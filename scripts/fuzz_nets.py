@@ -136,6 +136,13 @@ class NetMaker:
         self.blobs.append(b)
         return b
 
+    def as_maps(self, name: str, k: int, dims: str = "dim: 0 dim: -1"):
+        """Reshapes blob `name` (N x K, or as `dims` says) back to N x K x 1 x 1 as `name`r, a blob
+        the layers after may read."""
+        self.add(f'layer {{ name: "{name}r" type: "Reshape" bottom: "{name}" top: "{name}r" '
+                 f'reshape_param {{ shape {{ {dims} dim: 1 dim: 1 }} }} }}')
+        self.new(f"{name}r", k, 1, 1)
+
     def propagate_down(self) -> str:
         return "propagate_down: false " if self.r.random() < 0.08 else ""
 
@@ -329,9 +336,7 @@ class NetMaker:
         self.add(f'layer {{ name: "{n}" type: "InnerProduct" bottom: "{bottom.name}" top: "{n}" '
                  f'inner_product_param {{ num_output: {k} weight_filler {{ type: "gaussian" std: {std:.4f} }} }} }}',
                  bottom, src)
-        self.add(f'layer {{ name: "{n}r" type: "Reshape" bottom: "{n}" top: "{n}r" '
-                 f'reshape_param {{ shape {{ dim: 0 dim: -1 dim: 1 dim: 1 }} }} }}')
-        self.new(f"{n}r", k, 1, 1)
+        self.as_maps(n, k)
 
     def tile(self, src: Blob):
         n = self.name("tile")
@@ -387,9 +392,7 @@ class NetMaker:
         n = self.name("spp")
         self.add(f'layer {{ name: "{n}" type: "SPP" bottom: "{src.name}" top: "{n}" '
                  f'spp_param {{ pyramid_height: 2 pool: {self.r.choice(["MAX", "AVE"])} }} }}', src)
-        self.add(f'layer {{ name: "{n}r" type: "Reshape" bottom: "{n}" top: "{n}r" '
-                 f'reshape_param {{ shape {{ dim: 0 dim: -1 dim: 1 dim: 1 }} }} }}')
-        self.new(f"{n}r", src.c * 5, 1, 1)
+        self.as_maps(n, src.c * 5)
 
     def im2col(self, src: Blob):
         if src.h < 2 or src.w < 2:
@@ -429,9 +432,7 @@ class NetMaker:
         self.add(f'layer {{ name: "{n}" type: "{kind}" bottom: "{n}x" bottom: "{n}c" top: "{n}" recurrent_param {{ '
                  f'num_output: 6 weight_filler {{ type: "uniform" min: -0.3 max: 0.3 }} '
                  f'bias_filler {{ type: "constant" value: 0.1 }} }} }}')
-        self.add(f'layer {{ name: "{n}r" type: "Reshape" bottom: "{n}" top: "{n}r" '
-                 f'reshape_param {{ shape {{ dim: {BATCH} dim: 6 dim: 1 dim: 1 }} }} }}')
-        self.new(f"{n}r", 6, 1, 1)
+        self.as_maps(n, 6, f"dim: {BATCH} dim: 6")  # its top is T x streams x 6
 
     def embed(self, src: Blob):
         """The label through an Embed (no gradient to its input, so never with force_backward)."""
@@ -440,9 +441,7 @@ class NetMaker:
         n = self.name("embed")
         self.add(f'layer {{ name: "{n}" type: "Embed" bottom: "label" top: "{n}" embed_param {{ '
                  f'input_dim: {CLASSES} num_output: 6 weight_filler {{ type: "gaussian" std: 0.5 }} }} }}')
-        self.add(f'layer {{ name: "{n}r" type: "Reshape" bottom: "{n}" top: "{n}r" '
-                 f'reshape_param {{ shape {{ dim: 0 dim: -1 dim: 1 dim: 1 }} }} }}')
-        self.new(f"{n}r", 6, 1, 1)
+        self.as_maps(n, 6)
 
     def reindex(self, src: Blob):
         """BatchReindex by indices a DummyData draws (again every forward, or constant)."""
