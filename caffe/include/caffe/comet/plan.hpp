@@ -89,6 +89,10 @@ struct CometPlan {
   std::vector<std::vector<int> > tops_written;      // layer -> blob ids its forward overwrites
   std::vector<int> entry_of_blob;                   // blob -> entry or -1
   std::vector<int> bound_of_layer;                  // layer -> bound or -1
+  // layer -> the entry of its x_norm_ where BatchNorm with batch statistics stores it lossy, else
+  // -1: after that backward the store takes each channel's mean out of the input gradient
+  // (CometLayerAccess::CentreBatchNormInputGradient says why).
+  std::vector<int> lossy_x_norm;
   std::vector<std::string> notes;                   // what stays dense and why, once each
 };
 

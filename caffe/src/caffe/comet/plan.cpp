@@ -294,6 +294,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
   // its forward only, and they are freed after it (with release_unused), as its blobs are; without
   // this a net fine-tuned with its lower layers frozen kept them all, dense, through the step.
   plan.private_of_layer.assign(L, std::vector<int>());
+  plan.lossy_x_norm.assign(L, -1);
   std::vector<int> global_x_norms;  // entries of x_norm_ of BatchNorms with global statistics
   for (int i = 0; i < L && param.layer_buffers(); ++i) {
     const bool runs_backward = net.layer_need_backward()[i];
@@ -396,6 +397,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         e.action = CometActions::LOSSY;
         e.eb_layers.push_back(BoundOf(&plan, net, param, i, CometPlanBound::BATCHNORM));
         plan.after_backward[i].push_back(plan.entries.size());
+        plan.lossy_x_norm[i] = plan.entries.size();
       } else if (runs_backward) {
         e.action = CometActions::KEEP;
         if (global) global_x_norms.push_back(plan.entries.size());

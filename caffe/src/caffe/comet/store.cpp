@@ -1425,6 +1425,13 @@ void CometStore<Dtype>::AfterBackward(int layer) {
     Sample();
     stats_.NoteTransient(transient);
   }
+  // BatchNorm read its x_norm_ lossy: each channel of its input gradient sums to 0 again.
+  const int x_norm = plan_.lossy_x_norm[layer];
+  if (x_norm >= 0 && net_->bottom_need_backward()[layer][0] && entries_[x_norm].stored &&
+      entries_[x_norm].stored->kind() == CometPayload::LOSSY) {
+    CometLayerAccess<Dtype>::CentreBatchNormInputGradient(net_->layers()[layer].get(),
+                                                          net_->bottom_vecs()[layer][0]);
+  }
   if (measuring_) bounds_.AfterBackward(layer);
   if (backward_skipped_[layer]) {
     const_cast<std::vector<bool>&>(net_->bottom_need_backward()[layer])[0] = true;
