@@ -21,6 +21,7 @@ with learnable weights (the errors of BatchNorm's input gradients show in the la
     scripts/grad_error [--model caffenet|resnet|resnet_se|resnet_depthwise|googlenet|cifar10_sigmoid|cifar10_full]
                        [--batch 32]
                        [--target 0.05] [--max-bound 1] [--warmup 2] [--data-gradients] [--dense LAYER ...]
+                       [--set "FIELD: VALUE" ...]
 
 --dense keeps what the named layers store lossy dense (`comet_param { compress: false }`: a
 Convolution's input, a BatchNorm's x_norm_), so a layer's own input error can be told apart from
@@ -56,6 +57,9 @@ def main() -> int:
                          "arrive: BatchNorm's and LRN's input gradients)")
     ap.add_argument("--dense", nargs="+", default=[], metavar="LAYER",
                     help="layers whose lossy storage stays dense (comet_param { compress: false })")
+    ap.add_argument("--set", action="append", default=[], metavar='"FIELD: VALUE"',
+                    help="one more setting of the COMET solver's comet { } block (repeatable), e.g. "
+                         '"centre_batchnorm_gradients: false"')
     args = ap.parse_args()
 
     os.environ.setdefault("GLOG_minloglevel", "2")  # caffe's INFO lines would bury the table
@@ -118,7 +122,8 @@ def main() -> int:
         (Path(tmp) / "off.prototxt").write_text(common)
         (Path(tmp) / "on.prototxt").write_text(
             common + f"comet {{ adaptive_target: {args.target} max_error_bound: {args.max_bound} "
-                     f"update_interval: 1{' release_diffs: false' if args.data_gradients else ''} }}\n")
+                     f"update_interval: 1{' release_diffs: false' if args.data_gradients else ''} "
+                     f"{' '.join(args.set)} }}\n")
         off = caffe.get_solver(str(Path(tmp) / "off.prototxt"))
         on = caffe.get_solver(str(Path(tmp) / "on.prototxt"))
         for s in (off, on):

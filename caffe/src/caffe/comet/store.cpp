@@ -1427,7 +1427,8 @@ void CometStore<Dtype>::AfterBackward(int layer) {
   }
   // BatchNorm read its x_norm_ lossy: each channel of its input gradient sums to 0 again.
   const int x_norm = plan_.lossy_x_norm[layer];
-  if (x_norm >= 0 && net_->bottom_need_backward()[layer][0] && entries_[x_norm].stored &&
+  if (x_norm >= 0 && param_.centre_batchnorm_gradients() &&
+      net_->bottom_need_backward()[layer][0] && entries_[x_norm].stored &&
       entries_[x_norm].stored->kind() == CometPayload::LOSSY) {
     CometLayerAccess<Dtype>::CentreBatchNormInputGradient(net_->layers()[layer].get(),
                                                           net_->bottom_vecs()[layer][0]);
