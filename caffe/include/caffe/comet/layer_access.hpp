@@ -162,8 +162,9 @@ class CometLayerAccess {
   // channel: a projection, so each channel of the exact dx sums to 0 over its N x spatial values.
   // From a lossy y (error e) it does not: dx gains -mean(e) mean(dy y) / std in every value, and
   // the layers below multiply that by the mean of their own inputs, which the exact gradient never
-  // meets (inputs of mean 0.39 and spread 0.03: a Convolution's weight gradient 12-24% off where
-  // dx was 3% off; 2-5% once centred; scripts/fuzz_nets seed 718). So after that backward the
+  // meets (scripts/fuzz_nets seed 718, inputs of mean 0.39 and spread 0.03: with uniform errors
+  // in x_norm_ a Convolution's weight gradient 12-24% off where dx was 3% off, 2-5% once
+  // centred; the seed's ADAPTIVE run 29% -> 4.9%). So after that backward the
   // store takes each channel's mean out of dx again, with the gemv and gemms against BatchNorm's
   // vectors of ones that its own passes use; mean_ is scratch after Backward as inside it.
   static void CentreBatchNormInputGradient(Layer<Dtype>* layer, Blob<Dtype>* bottom) {
