@@ -30,6 +30,11 @@ const double kCometBoundPerInputRms = 0.5;
 // output, reached a bound of 0.97 and its slope gradient 16% off at a 5% target:
 // scripts/fuzz_nets seed 70).
 const double kCometBoundPerStoredStd = 0.25;
+// A fixed bound (eb_mode FIXED, a layer's comet_param.error_bound) is set by no rule, but the first
+// step that measures (the first step, in FIXED mode) estimates the gradient error it gives, and
+// the log warns where that is above this fraction of the gradient's RMS (or where the bound is
+// above the rule's cap, where the estimate stops holding).
+const double kCometFixedBoundWarning = 0.25;
 
 template <typename Dtype>
 class CometBounds {
@@ -51,6 +56,9 @@ class CometBounds {
                        const std::vector<int>& shape, float eb);
   void BeforeBackward(int layer);
   void AfterBackward(int layer);
+  // Fixed bounds whose error no step has estimated yet: the next step should measure.
+  bool Audits() const;
+  void EndAudit();  // a step that measured has ended: every fixed bound had its chance
   // Host memory the samples hold, each from its input's encode to its layer's backward.
   size_t SampleBytes() const;
 
@@ -67,6 +75,9 @@ class CometBounds {
   double DerivativeErrorPerBound(int layer, double* spread) const;
   void MeasureWeightErrors(int layer);
   void SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms, double cap = 0);
+  // A fixed bound's estimate: its gradient's relative RMS error at the bound, the cap the rule
+  // would hold it under (0: none), and the bound the rule would pick (-1: none).
+  void Audit(const CometPlanBound& bd, double error, double cap, double picked) const;
   void Clamped(CometPlanBound* bd, double eb);  // sets it within the limits
 
   const Net<Dtype>* net_;
@@ -94,6 +105,7 @@ class CometBounds {
   std::vector<Drift> drift_;
   double DriftMargin(int b, const Ladder& now, double grad_rms);  // updates drift_[b]
   std::set<std::string> settled_;    // bounds measured (or restored) once: they grow at most 2x
+  std::vector<bool> audited_;        // bound -> a fixed one whose estimate a step has made
 };
 
 }  // namespace caffe

@@ -72,7 +72,8 @@ struct CometPlanBound {
   int layer_id;
   float eb;
   bool fixed;  // set by the layer's comet_param.error_bound, or eb_mode FIXED
-  bool adapt;  // the adaptive rule applies (the layer's facts say so)
+  bool measurable;  // the layer's rule can estimate its error (the layer's facts say so)
+  bool adapt;       // measurable and not fixed: the adaptive rule sets it
   int follow;  // in ADAPTIVE mode, LRN follows this bound when a weighted layer shares its blob
 };
 

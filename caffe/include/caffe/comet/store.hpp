@@ -170,6 +170,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   // above 1 the later passes add their gradients to the first's, which the rules would take for
   // one batch's (a target up to iter_size times too large, a bound doubled once a pass).
   bool measuring_;
+  bool auditing_;  // this step measures fixed bounds not yet audited
   int passes_in_step_;  // whole forward passes since on_start
   Caffe::Brew plan_mode_;  // the mode the plan is for: some layers' facts depend on it
   shared_ptr<CometWorker> worker_;        // NULL without comet { async }

@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,10 +22,17 @@ namespace caffe {
 template <typename Dtype>
 void CometBounds<Dtype>::Reset(const CometPlan& plan) {
   std::map<std::string, float> old;
-  for (int b = 0; b < bounds_.size(); ++b) old[bounds_[b].layer] = bounds_[b].eb;
+  std::set<std::string> audited;
+  for (int b = 0; b < bounds_.size(); ++b) {
+    old[bounds_[b].layer] = bounds_[b].eb;
+    if (audited_[b]) audited.insert(bounds_[b].layer);
+  }
   bounds_ = plan.bounds;
-  for (int b = 0; b < bounds_.size(); ++b)
+  audited_.assign(bounds_.size(), false);
+  for (int b = 0; b < bounds_.size(); ++b) {
     if (old.count(bounds_[b].layer)) bounds_[b].eb = old[bounds_[b].layer];
+    audited_[b] = audited.count(bounds_[b].layer) > 0;
+  }
   bound_of_layer_ = plan.bound_of_layer;
   measured_.assign(bound_of_layer_.size(), 0);
   spread_.assign(bound_of_layer_.size(), 0);
@@ -172,14 +181,28 @@ const Dtype* HostValues(const Blob<Dtype>* b, bool diff, std::vector<Dtype>* cop
 
 }  // namespace
 
-// Whether the layer's bound has a rule of its own to measure (adaptive, not following another,
-// the layer runs backward; the weight rule needs a gradient to watch).
+// Whether the layer's bound has a rule of its own to measure (adaptive, or fixed and not yet
+// audited; not following another; the layer runs backward; the weight rule needs a gradient to
+// watch).
 template <typename Dtype>
 bool CometBounds<Dtype>::Measures(int layer) const {
   if (bound_of_layer_[layer] < 0 || !net_->layer_need_backward()[layer]) return false;
-  const CometPlanBound& bd = bounds_[bound_of_layer_[layer]];
-  if (!bd.adapt || bd.follow >= 0) return false;
+  const int b = bound_of_layer_[layer];
+  const CometPlanBound& bd = bounds_[b];
+  if (bd.follow >= 0 || (bd.fixed ? !bd.measurable || audited_[b] : !bd.adapt)) return false;
   return bd.rule != CometPlanBound::WEIGHT_GRADIENT || WatchedGradient(*net_, layer) != NULL;
+}
+
+template <typename Dtype>
+bool CometBounds<Dtype>::Audits() const {
+  for (int b = 0; b < bounds_.size(); ++b)
+    if (bounds_[b].fixed && bounds_[b].measurable && !audited_[b]) return true;
+  return false;
+}
+
+template <typename Dtype>
+void CometBounds<Dtype>::EndAudit() {
+  for (int b = 0; b < bounds_.size(); ++b) audited_[b] = audited_[b] || bounds_[b].fixed;
 }
 
 template <typename Dtype>
@@ -275,6 +298,46 @@ void CometBounds<Dtype>::SetFrom(CometPlanBound* bd, double per_eb, double gradi
   Clamped(bd, eb);
 }
 
+// A fixed bound is what the user asked for; the log says what the rule estimates of it: an INFO
+// line for each, a warning where the gradient is estimated more than kCometFixedBoundWarning off,
+// or the bound is above the rule's cap (where the values vary by little more than the bound,
+// sz rounds most of them to their prediction and the errors follow the values; scripts/fuzz_nets
+// seed 800: inputs of spread below 1e-3 before a BatchNorm, a weight gradient 95% off at FIXED
+// 1e-3).
+template <typename Dtype>
+void CometBounds<Dtype>::Audit(const CometPlanBound& bd, double error, double cap,
+                               double picked) const {
+  const bool weights = bd.rule == CometPlanBound::WEIGHT_GRADIENT;
+  const char* gradient = weights ? "weight gradient" : "input gradient";
+  std::ostringstream what;
+  what << "COMET: layer " << bd.layer << "'s fixed error bound " << bd.eb;
+  if (error >= 0) {
+    what << " puts its " << gradient << " an estimated " << std::setprecision(2) << 100 * error
+         << "% off (RMS)";
+  } else {
+    what << " (its " << gradient << "'s error not estimated)";
+  }
+  const bool above_cap = cap > 0 && bd.eb > cap;
+  if (!(error > kCometFixedBoundWarning) && !above_cap) {
+    LOG(INFO) << what.str();
+    return;
+  }
+  if (above_cap) {
+    what << "; it is above " << (weights ? kCometBoundPerInputRms : kCometBoundPerStoredStd)
+         << "x the " << (weights ? "RMS" : "standard deviation") << " of the values stored for it ("
+         << cap << "), where the errors follow the values and estimates stop holding";
+  }
+  what << ". The bound is absolute: ";
+  if (picked > 0 && std::isfinite(picked)) {
+    what << "eb_mode: ADAPTIVE would pick " << std::setprecision(2) << picked << " here for "
+         << 100 * param_.adaptive_target() << "%, ";
+  } else {
+    what << "eb_mode: ADAPTIVE, ";
+  }
+  what << "or a smaller comet_param { error_bound } on " << bd.layer << ".";
+  LOG(WARNING) << what.str();
+}
+
 // Within [min_error_bound, max_error_bound], and, once a bound has been measured, at most twice
 // what it was: a bound is used until the next measuring iteration, and early in training the
 // activations' scale can fall several times between two of them. A bound near the activations'
@@ -295,16 +358,24 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
   CometPlanBound& bd = bounds_[bound_of_layer_[layer]];
   const Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
   const double dx_rms = std::sqrt(static_cast<double>(bottom->sumsq_diff()) / bottom->count());
+  // A rule whose error is per_eb * eb: sets the bound, or audits a fixed one.
+  const auto linear = [&](double per_eb, double rms, double cap) {
+    if (!bd.fixed) return SetFrom(&bd, per_eb, rms, cap);
+    if (!(per_eb > 0) || !(rms > 0) || !std::isfinite(per_eb) || !std::isfinite(rms)) return;
+    double picked = param_.adaptive_target() * rms / per_eb;
+    if (cap > 0 && std::isfinite(cap)) picked = std::min(picked, cap);
+    Audit(bd, per_eb * bd.eb / rms, cap, picked);
+  };
   if (bd.rule == CometPlanBound::LRN) {
-    SetFrom(&bd, measured_[layer], dx_rms);  // LrnErrorPerBound: error / eb
+    linear(measured_[layer], dx_rms, 0);  // LrnErrorPerBound: error / eb
   } else if (bd.rule == CometPlanBound::DERIVATIVE) {
     // DerivativeErrorPerBound: error / eb
-    SetFrom(&bd, measured_[layer], dx_rms, kCometBoundPerStoredStd * spread_[layer]);
+    linear(measured_[layer], dx_rms, kCometBoundPerStoredStd * spread_[layer]);
   } else if (bd.rule == CometPlanBound::BATCHNORM) {
     // BatchNormErrorScale: RMS error of dx = eb * sqrt(S / (3 C)).
     const double channels = CometLayerAccess<Dtype>::bn_std(net_->layers()[layer].get())->count();
-    SetFrom(&bd, std::sqrt(measured_[layer] / (3. * channels)), dx_rms,
-            kCometBoundPerStoredStd * spread_[layer]);
+    linear(std::sqrt(measured_[layer] / (3. * channels)), dx_rms,
+           kCometBoundPerStoredStd * spread_[layer]);
   } else {
     // Weight gradient dW = sum x (x) dy, still the raw data gradient here (regularisation
     // comes later, in ApplyUpdate): the bound where the error measured before the backward
@@ -314,8 +385,20 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
     Ladder& ladder = ladder_[layer];
     if (ladder.bounds.empty()) {
       // the error per unit of bound; 0: the input was not stored this iteration, no cap
-      SetFrom(&bd, measured_[layer], grad_rms, kCometBoundPerStoredStd * input_std_[layer]);
+      linear(measured_[layer], grad_rms, kCometBoundPerStoredStd * input_std_[layer]);
       input_std_[layer] = 0;
+    } else if (bd.fixed) {
+      // The curve was measured around the bound the input was stored at (a tighter reader's,
+      // where it has one); read at this layer's own.
+      const double cap = ladder.input_rms > 0 ? kCometBoundPerInputRms * ladder.input_rms : 0;
+      const double target = param_.adaptive_target() * grad_rms;
+      double picked = CometBoundForError(ladder.bounds, ladder.errors, target);
+      const double steep = CometBoundForError(ladder.bounds, ladder.errors, 4 * target);
+      if (steep > 0) picked = std::min(picked, steep / 2);
+      if (cap > 0 && picked > 0) picked = std::min(picked, cap);
+      const double at = CometErrorAt(ladder.bounds, ladder.errors, bd.eb);
+      if (grad_rms > 0 && std::isfinite(grad_rms))
+        Audit(bd, at >= 0 ? at / grad_rms : -1, cap, picked);
     } else if (grad_rms > 0 && std::isfinite(grad_rms)) {
       // Where the curve is steeper than quadratic (the bound nears the activations' size and
       // most of them round to 0), a small change of the activations moves the error a lot: the

@@ -86,7 +86,8 @@ int BoundOf(CometPlan* plan, const Net<Dtype>& net, const CometParameter& param,
   bd.fixed = own || param.eb_mode() == CometParameter_ErrorBoundMode_FIXED;
   bd.eb = own ? lp.comet_param().error_bound() : param.error_bound();
   CHECK_GT(bd.eb, 0) << "comet_param.error_bound of " << lp.name() << " must be > 0";
-  bd.adapt = !bd.fixed && (rule != CometPlanBound::WEIGHT_GRADIENT || plan->facts[i].adaptive);
+  bd.measurable = rule != CometPlanBound::WEIGHT_GRADIENT || plan->facts[i].adaptive;
+  bd.adapt = !bd.fixed && bd.measurable;
   bd.follow = -1;
   plan->bound_of_layer[i] = plan->bounds.size();
   plan->bounds.push_back(bd);

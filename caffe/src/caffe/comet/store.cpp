@@ -306,8 +306,8 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
     : solver_(solver), net_(solver->net().get()), param_(param), bounds_(net_, param_),
       stats_(net_, param_), columns_max_(0), context_layer_(-1), context_iter_(-1),
       context_pass_("before the first training step"), forward_from_(0), last_forward_(-2),
-      measuring_(false), passes_in_step_(0), plan_mode_(Caffe::mode()), in_flight_(0),
-      max_in_flight_(0), tiled_gemm_(false), flushing_(false), in_step_(false), float_mode_(0) {
+      measuring_(false), auditing_(false), passes_in_step_(0), plan_mode_(Caffe::mode()),
+      in_flight_(0), max_in_flight_(0), tiled_gemm_(false), flushing_(false), in_step_(false), float_mode_(0) {
   CheckSettings(param_, *net_);
   const bool cpu = Caffe::mode() == Caffe::CPU;
   if (param_.async())
@@ -1540,8 +1540,11 @@ void CometStore<Dtype>::on_start() {
   passes_in_step_ = 0;
   const int iter = solver_->iter();
   // Measure the error estimate on the iterations where the bounds are revisited.
-  measuring_ = param_.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE &&
-               param_.update_interval() > 0 && iter % param_.update_interval() == 0;
+  // Fixed bounds are measured once, on the first such step, for the log (bounds.hpp).
+  auditing_ = bounds_.Audits();
+  measuring_ = (param_.eb_mode() == CometParameter_ErrorBoundMode_ADAPTIVE &&
+                param_.update_interval() > 0 && iter % param_.update_interval() == 0) ||
+               auditing_;
   if (Caffe::mode() == Caffe::CPU && !flushing_) {
     float_mode_ = CometFlushDenormals();
     CometGemm::SetBlasThreadsMode(CometFloatMode());  // products below the tiles' size run there
@@ -1562,6 +1565,8 @@ void CometStore<Dtype>::on_gradients_ready() {
   in_step_ = false;
   FinishAll();  // decodes started for readers that did not come (a backward stopped early)
   measuring_ = false;
+  if (auditing_) bounds_.EndAudit();
+  auditing_ = false;
   StopFlushing();
   SetContext(-1, "outside the training step (pycaffe or a tool)");
   const int display = solver_->param().display();
