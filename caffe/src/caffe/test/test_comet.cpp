@@ -4090,28 +4090,29 @@ TEST_F(CometStoreTest, AdaptiveBoundsMoveAndSurviveSnapshotAndResume) {
   EXPECT_FLOAT_EQ(b->comet()->bound("ip1"), eb_ip1);
 }
 
-// The `[Backward]` lines of a solver's `debug_info: true`, as glog hands them to a sink.
-class BackwardDebugLines : public google::LogSink {
+// glog's lines that contain `text`, with their severity, as a sink receives them.
+class CometLogLines : public google::LogSink {
  public:
-  BackwardDebugLines() { google::AddLogSink(this); }
-  ~BackwardDebugLines() { google::RemoveLogSink(this); }
-  void send(google::LogSeverity, const char*, const char*, int, const struct ::tm*,
+  explicit CometLogLines(const std::string& text) : text_(text) { google::AddLogSink(this); }
+  ~CometLogLines() { google::RemoveLogSink(this); }
+  void send(google::LogSeverity severity, const char*, const char*, int, const struct ::tm*,
             const char* message, size_t length) override {
     const std::string line(message, length);
-    if (line.find("    [Backward] Layer ") != 0) return;
+    if (line.find(text_) == std::string::npos) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    lines_.push_back(line);
+    lines_.push_back(std::make_pair(severity, line));
   }
-  std::vector<std::string> Take() {
+  std::vector<std::pair<google::LogSeverity, std::string> > Take() {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::string> out;
+    std::vector<std::pair<google::LogSeverity, std::string> > out;
     out.swap(lines_);
     return out;
   }
 
  private:
+  std::string text_;
   std::mutex mutex_;
-  std::vector<std::string> lines_;
+  std::vector<std::pair<google::LogSeverity, std::string> > lines_;
 };
 
 // With `debug_info: true` a step logs each layer's bottom diffs after its backward; the layers
@@ -4123,9 +4124,10 @@ TEST_F(CometStoreTest, DebugInfoLogsTheBackwardOfLayersTheStoreComputes) {
   for (int on = 0; on < 2; ++on) {
     shared_ptr<Solver<float> > s = MakeSolver(
         on ? "debug_info: true comet { eb_mode: FIXED error_bound: 1e-3 }" : "debug_info: true");
-    BackwardDebugLines sink;
+    CometLogLines sink("    [Backward] Layer ");
     Run(s.get(), 1);
-    lines[on] = sink.Take();
+    const std::vector<std::pair<google::LogSeverity, std::string> > taken = sink.Take();
+    for (int i = 0; i < taken.size(); ++i) lines[on].push_back(taken[i].second);
   }
   // Every line, in the same order; the bottom diffs' figures the same (the weights' gradients
   // read lossy inputs: theirs differ in the last digits).
@@ -4354,31 +4356,6 @@ void CometStoreTest::CheckCentredBatchNormGradients() {
 TEST_F(CometStoreTest, BatchNormsInputGradientFromALossyXNormSumsToZeroOverEachChannel) {
   CheckCentredBatchNormGradients();
 }
-
-// glog's lines that contain `text`, with their severity, as a sink receives them.
-class CometLogLines : public google::LogSink {
- public:
-  explicit CometLogLines(const std::string& text) : text_(text) { google::AddLogSink(this); }
-  ~CometLogLines() { google::RemoveLogSink(this); }
-  void send(google::LogSeverity severity, const char*, const char*, int, const struct ::tm*,
-            const char* message, size_t length) override {
-    const std::string line(message, length);
-    if (line.find(text_) == std::string::npos) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    lines_.push_back(std::make_pair(severity, line));
-  }
-  std::vector<std::pair<google::LogSeverity, std::string> > Take() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::pair<google::LogSeverity, std::string> > out;
-    out.swap(lines_);
-    return out;
-  }
-
- private:
-  std::string text_;
-  std::mutex mutex_;
-  std::vector<std::pair<google::LogSeverity, std::string> > lines_;
-};
 
 // A fixed bound is set by no rule, but the first step estimates the gradient error it gives, as
 // ADAPTIVE would, and says it once: a warning where that is far off. Here a Convolution before a
