@@ -89,7 +89,7 @@ def parse_comet_items(rest: str) -> dict[str, float]:
 
 @dataclass
 class Event:
-    kind: str  # "train" | "test" | "lr" | "comet" | "snapshot" | "fatal" | "done" | "resumed"
+    kind: str  # "train" | "test" | "lr" | "comet" | "warning" | "snapshot" | "fatal" | "done" | "resumed"
     iteration: int
     values: dict = field(default_factory=dict)
     text: str = ""
@@ -111,6 +111,7 @@ class LogParser:
         self.comet: list[dict] = []
         self.snapshots: list[str] = []
         self.fatal: list[str] = []
+        self.warnings: list[str] = []  # the store's (COMET) warnings, without glog's prefix
         self.started = False  # caffe logged an iteration in the current session
         self._elapsed_before = 0.0  # seconds of the earlier sessions of a resumed run
 
@@ -190,6 +191,12 @@ class LogParser:
         if m:
             self.snapshots.append(m[1])
             events.append(Event("snapshot", self.iteration, text=m[1]))
+        if line.startswith("W") and GLOG.match(line) and "] COMET" in line:
+            # the store's warnings (a fixed bound estimated far off, a blob of NaN kept dense, a
+            # missing .cometstate): few by design, and what a user should see without the log
+            text = line.split("] ", 1)[1].strip()
+            self.warnings.append(text)
+            events.append(Event("warning", self.iteration, text=text))
         if line.startswith("F") and GLOG.match(line) or "Check failed" in line:
             self.fatal.append(line)
             events.append(Event("fatal", self.iteration, text=line))

@@ -244,8 +244,10 @@ class _View:
                 console.print(f"[magenta]COMET total @ {ev.iteration}: {', '.join(parts)}[/]")
         elif ev.kind == "snapshot":
             console.print(f"[green]snapshot[/] {ev.text}")
+        elif ev.kind == "warning":
+            console.print(f"[yellow]{escape(ev.text)}[/]")
         elif ev.kind == "fatal":
-            console.print(f"[red]{ev.text}[/]")
+            console.print(f"[red]{escape(ev.text)}[/]")
 
 
 def resume_command(solver, state: Path, run: Path, max_iter: int, on_cpu: bool, gpu: str | None) -> str:

@@ -105,6 +105,13 @@ def test_comet_lines_are_read_tolerantly():
                                                             "ratio": 3.0}
     assert p.feed("COMET: no layer, no numbers") == []
     assert p.feed("  COMET plan: blob conv1 -> LOSSY after pool1 forward, for conv2") == []
+    # the store's warnings become events of their own, without glog's prefix; other warnings do not
+    w = "W1207 08:12:54.346052 13493 bounds.cpp:338] COMET: layer conv9's fixed error bound 0.001 puts ..."
+    assert [(e.kind, e.text) for e in p.feed(w)] == [
+        ("warning", "COMET: layer conv9's fixed error bound 0.001 puts ...")]
+    assert p.feed("W1207 08:12:54.346052 13493 net.cpp:10] a warning of Caffe's own") == []
+    assert p.feed("I1207 08:12:54.346052 13493 bounds.cpp:322] COMET: layer fc8's fixed error bound") == []
+    assert p.warnings == ["COMET: layer conv9's fixed error bound 0.001 puts ..."]
 
 
 def test_report_writes_csvs_and_plots(tmp_path):

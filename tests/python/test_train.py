@@ -271,6 +271,36 @@ def test_a_net_with_a_python_layer_trains_and_a_solver_without_display_still_rep
     assert "done after iteration 4" in out and "iter 3/4" in out
 
 
+def test_the_stores_warnings_are_shown_with_the_progress(tmp_path):
+    """A fixed error bound the first step estimates far off (a Convolution before a BatchNorm, its
+    inputs of spread 0.01 under a bound of 0.02: fuzz seed 800's case) is a COMET warning in
+    caffe.log; the view shows it too, once, where the progress lines would hide the log."""
+    (tmp_path / "net.prototxt").write_text(textwrap.dedent("""\
+        layer { name: "data" type: "DummyData" top: "data" top: "label"
+          dummy_data_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 }
+            data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 3.99 } } }
+        layer { name: "narrow" type: "Power" bottom: "data" top: "narrow" power_param { scale: 0.01 shift: 3 } }
+        layer { name: "conv1" type: "Convolution" bottom: "narrow" top: "conv1"
+          convolution_param { num_output: 8 kernel_size: 3 weight_filler { type: "gaussian" std: 0.2 } } }
+        layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "bn1" }
+        layer { name: "ip" type: "InnerProduct" bottom: "bn1" top: "ip" inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.1 } } }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+    """))
+    (tmp_path / "solver.prototxt").write_text(
+        f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 3\ndisplay: 1\n'
+        "solver_mode: CPU\ncomet { eb_mode: FIXED error_bound: 0.02 }\n")
+    r = CliRunner().invoke(main, ["train", "--solver", str(tmp_path / "solver.prototxt"), "--cpu",
+                                  "--run-dir", str(tmp_path / "run")])
+    log = (tmp_path / "run" / "caffe.log").read_text()
+    assert r.exit_code == 0, (r.output, log[-3000:])
+    warned = [line for line in log.splitlines() if line.startswith("W") and "conv1's fixed error bound" in line]
+    assert len(warned) == 1, log[-3000:]
+    out = " ".join(r.output.split())  # rich wraps long lines
+    assert out.count("COMET: layer conv1's fixed error bound 0.02 puts its weight gradient an estimated") == 1, out
+    assert "eb_mode: ADAPTIVE would pick" in out, out
+    assert "bn1's fixed error bound" not in out, "an INFO line (bn1's estimate is small) stays in the log"
+
+
 def _solver_naming_nets(pb2, wf_synthetic, folder: Path, how: str) -> Path:
     """comet_tiny's solver with its nets named the other ways Caffe allows: `inline` (net_param), or
     `split` (train_net file, then two test nets: one test_net_param inline and one test_net file)."""
