@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "caffe/comet/batchnorm_moments.hpp"
 #include "caffe/comet/codes.hpp"
 #include "caffe/comet/pool.hpp"
 #include "caffe/layers/base_conv_layer.hpp"
@@ -198,6 +199,30 @@ class CometLayerAccess {
       caffe_gpu_gemm<Dtype>(CblasNoTrans, CblasNoTrans, channels * num, spatial, 1, -1,
                             bn->num_by_chans_.gpu_data(), bn->spatial_sum_multiplier_.gpu_data(),
                             1., bottom->mutable_gpu_diff());
+#else
+      NO_GPU;
+#endif
+    }
+  }
+  // Before BatchNorm's backward (batch statistics), on a lossy x_norm_: each channel moved back to
+  // the mean and mean square the exact one has (batchnorm_moments.hpp). variance_ holds std.
+  static void MatchBatchNormMoments(Layer<Dtype>* layer, double eb) {
+    BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer);
+    CHECK(bn) << "not a BatchNorm layer";
+    CHECK_EQ(sizeof(Dtype), sizeof(float)) << "the store keeps floats only";
+    Blob<Dtype>& y = bn->x_norm_;
+    const int num = y.shape(0), channels = bn->channels_;
+    const int spatial = y.count() / (num * channels);
+    const float eps = static_cast<float>(bn->eps_);
+    if (Caffe::mode() == Caffe::CPU) {
+      CometMatchBatchNormMoments(num, channels, spatial,
+                                 reinterpret_cast<const float*>(bn->variance_.cpu_data()), eps,
+                                 eb, reinterpret_cast<float*>(y.mutable_cpu_data()));
+    } else {
+#ifndef CPU_ONLY
+      CometMatchBatchNormMomentsGpu(num, channels, spatial,
+                                    reinterpret_cast<const float*>(bn->variance_.gpu_data()), eps,
+                                    eb, reinterpret_cast<float*>(y.mutable_gpu_data()));
 #else
       NO_GPU;
 #endif

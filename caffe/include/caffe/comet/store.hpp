@@ -93,6 +93,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
   SyncedMemory* PrivateBuffer(const Entry& e) const;
   SyncedMemory* EntryMemory(const Entry& e) const;  // the memory an entry stores
   void StorePrivate(Entry* e);
+  bool LossyXNormFeedsBackward(int layer) const;
   void Hold(Entry* e, SyncedMemory* mem, const shared_ptr<CometPayload>& p);
   void ReluBackwardFromMask(int layer);
   void LrnBackwardFromInput(int layer);

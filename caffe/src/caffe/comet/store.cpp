@@ -1154,6 +1154,17 @@ std::function<void(typename CometStore<Dtype>::Job*)> CometStore<Dtype>::Rebuild
   };
 }
 
+// A BatchNorm layer (batch statistics) whose backward computes an input gradient from the x_norm_
+// the store holds lossy this step, with centre_batchnorm_gradients: its moments and its gradient
+// are corrected (layer_access.hpp, batchnorm_moments.hpp).
+template <typename Dtype>
+bool CometStore<Dtype>::LossyXNormFeedsBackward(int layer) const {
+  const int x_norm = plan_.lossy_x_norm[layer];
+  return x_norm >= 0 && param_.centre_batchnorm_gradients() &&
+         net_->bottom_need_backward()[layer][0] && entries_[x_norm].stored &&
+         entries_[x_norm].stored->kind() == CometPayload::LOSSY;
+}
+
 template <typename Dtype>
 void CometStore<Dtype>::BeforeBackward(int layer) {
   last_forward_ = -2;
@@ -1232,6 +1243,11 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
   if (plan_.facts[layer].lrn_from_input && !own.empty() && entries_[own[0]].unread)
     LrnBackwardFromInput(layer);
   if (param_.pool_codes()) PoolBackwardFromCodes(layer);
+  // BatchNorm reads its x_norm_ lossy: each channel back at the exact one's moments first.
+  if (LossyXNormFeedsBackward(layer)) {
+    CometLayerAccess<Dtype>::MatchBatchNormMoments(net_->layers()[layer].get(),
+                                                   entries_[plan_.lossy_x_norm[layer]].stored->eb);
+  }
   if (measuring_) bounds_.BeforeBackward(layer);
   DecodeAhead(layer);  // while this layer's backward runs
 }
@@ -1425,11 +1441,9 @@ void CometStore<Dtype>::AfterBackward(int layer) {
     Sample();
     stats_.NoteTransient(transient);
   }
-  // BatchNorm read its x_norm_ lossy: each channel of its input gradient sums to 0 again.
-  const int x_norm = plan_.lossy_x_norm[layer];
-  if (x_norm >= 0 && param_.centre_batchnorm_gradients() &&
-      net_->bottom_need_backward()[layer][0] && entries_[x_norm].stored &&
-      entries_[x_norm].stored->kind() == CometPayload::LOSSY) {
+  // BatchNorm read its x_norm_ lossy: each channel of its input gradient sums to 0 again (the
+  // moments moved back make it so but for rounding; this is exact).
+  if (LossyXNormFeedsBackward(layer)) {
     CometLayerAccess<Dtype>::CentreBatchNormInputGradient(net_->layers()[layer].get(),
                                                           net_->bottom_vecs()[layer][0]);
   }

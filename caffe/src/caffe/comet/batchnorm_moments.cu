@@ -1,0 +1,63 @@
+// COMET-Caffe: BatchNorm's lossy x_norm_ moved back to its exact moments, on the GPU. The
+// per-channel arithmetic is comet_bn::moment_scale (batchnorm_moments.hpp), shared with the CPU
+// loop in batchnorm_moments.cpp.
+#include "caffe/comet/batchnorm_moments.hpp"
+#include "caffe/common.hpp"
+#include "caffe/comet/stream.hpp"
+#include "caffe/util/device_alternate.hpp"
+
+namespace caffe {
+
+namespace {
+
+const int kMomentThreads = 256;
+
+// A block per channel: its threads sum the channel's values and squares (in double, in a fixed
+// order, so the result is the same every run), thread 0 takes the mean and scale, and the block
+// applies them (or leaves the channel, comet_bn::moment_move).
+__global__ void MatchMomentsKernel(int num, int channels, int spatial, const float* std,
+                                   float eps, double eb, float* y) {
+  __shared__ double s1[kMomentThreads], s2[kMomentThreads];
+  __shared__ comet_bn::Move move;
+  const int c = blockIdx.x;
+  const size_t values = static_cast<size_t>(num) * spatial;
+  double a1 = 0, a2 = 0;
+  for (size_t j = threadIdx.x; j < values; j += blockDim.x) {
+    const size_t k = j / spatial, i = j - k * spatial;
+    const float v = y[(k * channels + c) * spatial + i];
+    a1 += v;
+    a2 += static_cast<double>(v) * v;
+  }
+  s1[threadIdx.x] = a1;
+  s2[threadIdx.x] = a2;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      s1[threadIdx.x] += s1[threadIdx.x + half];
+      s2[threadIdx.x] += s2[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    move = comet_bn::moment_move(s1[0], s2[0], static_cast<double>(values), std[c], eps, eb);
+  }
+  __syncthreads();
+  if (move.m == 0.f && move.a == 1.f) return;
+  for (size_t j = threadIdx.x; j < values; j += blockDim.x) {
+    const size_t k = j / spatial, i = j - k * spatial;
+    float* p = y + (k * channels + c) * spatial + i;
+    *p = (*p - move.m) * move.a;
+  }
+}
+
+}  // namespace
+
+void CometMatchBatchNormMomentsGpu(int num, int channels, int spatial, const float* std,
+                                   float eps, double eb, float* y) {
+  if (num <= 0 || channels <= 0 || spatial <= 0) return;
+  MatchMomentsKernel<<<channels, kMomentThreads, 0, static_cast<cudaStream_t>(CometStream())>>>(
+      num, channels, spatial, std, eps, eb, y);
+  COMET_CUDA_CHECK(cudaPeekAtLastError());
+}
+
+}  // namespace caffe
