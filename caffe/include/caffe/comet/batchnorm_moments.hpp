@@ -39,28 +39,36 @@ struct Move {
   float m, a;
 };
 
-// The move of a channel of n values with sum s1 and sum of squares s2, stored at bound eb: to mean
-// 0 and mean square q where that gains (n eb^2 < 12 q), else none (m 0, a 1), as where the values
-// do not vary.
-COMET_HD Move moment_move(double s1, double s2, double n, double std, double eps, double eb) {
-  Move none;
-  none.m = 0.f;
-  none.a = 1.f;
-  double q = 1. - eps / (std * std);
-  if (q < 0) q = 0;
+// The exact mean square of a channel of x_norm_: q = 1 - eps / std^2.
+COMET_HD double exact_mean_square(double std, double eps) {
+  const double q = 1. - eps / (std * std);
+  return q > 0 ? q : 0;
+}
+
+// Whether moving a channel of n values stored at bound eb gains (n eb^2 < 12 q): decided before
+// its values are read, so a channel of many values costs nothing.
+COMET_HD bool worth_moving(double n, double std, double eps, double eb) {
+  return n * eb * eb < 12. * exact_mean_square(std, eps);
+}
+
+// The move of such a channel with sum s1 and sum of squares s2: to mean 0 and mean square q;
+// none (m 0, a 1) where the values do not vary.
+COMET_HD Move moment_move(double s1, double s2, double n, double std, double eps) {
+  Move move;
+  move.m = 0.f;
+  move.a = 1.f;
   const double m = s1 / n;
   const double var = s2 / n - m * m;
-  if (!(var > 0) || !(n * eb * eb < 12. * q)) return none;
-  Move move;
+  if (!(var > 0)) return move;
   move.m = static_cast<float>(m);
-  move.a = static_cast<float>(sqrt(q / var));
+  move.a = static_cast<float>(sqrt(exact_mean_square(std, eps) / var));
   return move;
 }
 
 }  // namespace comet_bn
 
 // x_norm_ y of num x channels x spatial values (host or device memory), stored at bound eb, each
-// channel moved by comet_bn::moment_move; std: BatchNorm's variance_ after its forward
+// channel worth it (comet_bn::worth_moving) moved by comet_bn::moment_move; std: BatchNorm's variance_ after its forward
 // (sqrt(var + eps)), on the same side.
 void CometMatchBatchNormMoments(int num, int channels, int spatial, const float* std, float eps,
                                 double eb, float* y);

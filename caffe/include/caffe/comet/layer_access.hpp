@@ -214,6 +214,8 @@ class CometLayerAccess {
     const int num = y.shape(0), channels = bn->channels_;
     const int spatial = y.count() / (num * channels);
     const float eps = static_cast<float>(bn->eps_);
+    // q <= 1: no channel is worth moving, and x_norm_ is left untouched (comet_bn::worth_moving)
+    if (static_cast<double>(num) * spatial * eb * eb >= 12.) return;
     if (Caffe::mode() == Caffe::CPU) {
       CometMatchBatchNormMoments(num, channels, spatial,
                                  reinterpret_cast<const float*>(bn->variance_.cpu_data()), eps,

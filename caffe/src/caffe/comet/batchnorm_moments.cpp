@@ -10,6 +10,7 @@ void CometMatchBatchNormMoments(int num, int channels, int spatial, const float*
                                 double eb, float* y) {
   const double n = static_cast<double>(num) * spatial;
   for (int c = 0; c < channels; ++c) {
+    if (!comet_bn::worth_moving(n, std[c], eps, eb)) continue;
     double s1 = 0, s2 = 0;
     for (int k = 0; k < num; ++k) {
       const float* p = y + (static_cast<size_t>(k) * channels + c) * spatial;
@@ -18,8 +19,7 @@ void CometMatchBatchNormMoments(int num, int channels, int spatial, const float*
         s2 += static_cast<double>(p[i]) * p[i];
       }
     }
-    const comet_bn::Move move = comet_bn::moment_move(s1, s2, n, std[c], eps, eb);
-    if (move.m == 0.f && move.a == 1.f) continue;
+    const comet_bn::Move move = comet_bn::moment_move(s1, s2, n, std[c], eps);
     for (int k = 0; k < num; ++k) {
       float* p = y + (static_cast<size_t>(k) * channels + c) * spatial;
       for (int i = 0; i < spatial; ++i) p[i] = (p[i] - move.m) * move.a;

@@ -14,13 +14,14 @@ const int kMomentThreads = 256;
 
 // A block per channel: its threads sum the channel's values and squares (in double, in a fixed
 // order, so the result is the same every run), thread 0 takes the mean and scale, and the block
-// applies them (or leaves the channel, comet_bn::moment_move).
+// applies them; a channel not worth moving (comet_bn::worth_moving) is not read.
 __global__ void MatchMomentsKernel(int num, int channels, int spatial, const float* std,
                                    float eps, double eb, float* y) {
   __shared__ double s1[kMomentThreads], s2[kMomentThreads];
   __shared__ comet_bn::Move move;
   const int c = blockIdx.x;
   const size_t values = static_cast<size_t>(num) * spatial;
+  if (!comet_bn::worth_moving(static_cast<double>(values), std[c], eps, eb)) return;
   double a1 = 0, a2 = 0;
   for (size_t j = threadIdx.x; j < values; j += blockDim.x) {
     const size_t k = j / spatial, i = j - k * spatial;
@@ -39,10 +40,9 @@ __global__ void MatchMomentsKernel(int num, int channels, int spatial, const flo
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    move = comet_bn::moment_move(s1[0], s2[0], static_cast<double>(values), std[c], eps, eb);
+    move = comet_bn::moment_move(s1[0], s2[0], static_cast<double>(values), std[c], eps);
   }
   __syncthreads();
-  if (move.m == 0.f && move.a == 1.f) return;
   for (size_t j = threadIdx.x; j < values; j += blockDim.x) {
     const size_t k = j / spatial, i = j - k * spatial;
     float* p = y + (k * channels + c) * spatial + i;

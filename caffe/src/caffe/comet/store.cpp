@@ -1441,8 +1441,8 @@ void CometStore<Dtype>::AfterBackward(int layer) {
     Sample();
     stats_.NoteTransient(transient);
   }
-  // BatchNorm read its x_norm_ lossy: each channel of its input gradient sums to 0 again (the
-  // moments moved back make it so but for rounding; this is exact).
+  // BatchNorm read its x_norm_ lossy: each channel of its input gradient sums to 0 again (a
+  // channel moved back to its moments already does, but for rounding).
   if (LossyXNormFeedsBackward(layer)) {
     CometLayerAccess<Dtype>::CentreBatchNormInputGradient(net_->layers()[layer].get(),
                                                           net_->bottom_vecs()[layer][0]);
