@@ -67,9 +67,9 @@ COMET_HD Move moment_move(double s1, double s2, double n, double std, double eps
 
 }  // namespace comet_bn
 
-// x_norm_ y of num x channels x spatial values (host or device memory), stored at bound eb, each
-// channel worth it (comet_bn::worth_moving) moved by comet_bn::moment_move; std: BatchNorm's variance_ after its forward
-// (sqrt(var + eps)), on the same side.
+// x_norm_ y of num x channels x spatial values (host or device memory), stored at bound eb: each
+// channel worth it (comet_bn::worth_moving) moved by comet_bn::moment_move; std: BatchNorm's
+// variance_ after its forward (sqrt(var + eps)), on the same side.
 void CometMatchBatchNormMoments(int num, int channels, int spatial, const float* std, float eps,
                                 double eb, float* y);
 void CometMatchBatchNormMomentsGpu(int num, int channels, int spatial, const float* std,

@@ -74,6 +74,7 @@ class CometBounds {
   double LrnErrorPerBound(int layer) const;
   double DerivativeErrorPerBound(int layer, double* spread) const;
   void MeasureWeightErrors(int layer);
+  double RuleBound(double per_eb, double gradient_rms, double cap) const;
   void SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms, double cap = 0);
   // A fixed bound's estimate: its gradient's relative RMS error at the bound, the cap the rule
   // would hold it under (0: none), and the bound the rule would pick (-1: none).
@@ -94,6 +95,7 @@ class CometBounds {
     double input_rms = 0;  // of the sampled input values
   };
   std::vector<Ladder> ladder_;       // layer -> measured before its backward
+  double LadderBound(const Ladder& ladder, double target) const;  // the weight rule's pick
   // The weight rule's drift: a bound is picked from one batch's curve and used on the batches
   // until the next measurement, whose curve can lie higher. Per bound: the last curve (errors
   // relative to the gradient's RMS) and the margin its successors have needed (>= 1).

@@ -1,6 +1,6 @@
 // COMET-Caffe: BatchNorm's lossy x_norm_ moved back to its exact moments, on the GPU. The
-// per-channel arithmetic is comet_bn::moment_scale (batchnorm_moments.hpp), shared with the CPU
-// loop in batchnorm_moments.cpp.
+// per-channel arithmetic is comet_bn::worth_moving and moment_move (batchnorm_moments.hpp), shared
+// with the CPU loop in batchnorm_moments.cpp.
 #include "caffe/comet/batchnorm_moments.hpp"
 #include "caffe/common.hpp"
 #include "caffe/comet/stream.hpp"

@@ -284,18 +284,42 @@ void CometBounds<Dtype>::MeasureWeightErrors(int layer) {
 }
 
 // eb such that the estimated gradient error (per_eb * eb) is adaptive_target times the
-// gradient's RMS, at most cap where one is given (from the stored values' spread or RMS), clamped
-// to [min_error_bound, max_error_bound].
+// gradient's RMS, at most cap where one is given (from the stored values' spread or RMS); -1
+// where there is nothing to learn from this step (a zero or non-finite gradient).
 template <typename Dtype>
-void CometBounds<Dtype>::SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms,
-                                 double cap) {
+double CometBounds<Dtype>::RuleBound(double per_eb, double gradient_rms, double cap) const {
   if (!(per_eb > 0) || !(gradient_rms > 0) || !std::isfinite(per_eb) ||
       !std::isfinite(gradient_rms)) {
-    return;  // nothing to learn from this step (a zero or non-finite gradient)
+    return -1;
   }
   double eb = param_.adaptive_target() * gradient_rms / per_eb;
   if (cap > 0 && std::isfinite(cap)) eb = std::min(eb, cap);
-  Clamped(bd, eb);
+  return eb;
+}
+
+// That bound, clamped to [min_error_bound, max_error_bound].
+template <typename Dtype>
+void CometBounds<Dtype>::SetFrom(CometPlanBound* bd, double per_eb, double gradient_rms,
+                                 double cap) {
+  const double eb = RuleBound(per_eb, gradient_rms, cap);
+  if (eb >= 0) Clamped(bd, eb);
+}
+
+// The weight rule's pick from a measured curve for an error of `target`: where the curve is
+// steeper than quadratic (the bound nears the activations' size and most of them round to 0), a
+// small change of the activations moves the error a lot, so the bound also stays at half the one
+// with 4x the error. A bound near the input's size rounds most values to 0 or one step: the
+// error is then a coarse function of each batch's values, and a curve measured on one batch says
+// little about the next (GoogLeNet at batch 32: inception_5b/5x5 at 1.6x its input's RMS, 51% on
+// the next step; every bound at most 0.62x its input's RMS, at most 6.3%). <= 0 or not finite
+// where the curve says nothing.
+template <typename Dtype>
+double CometBounds<Dtype>::LadderBound(const Ladder& ladder, double target) const {
+  double eb = CometBoundForError(ladder.bounds, ladder.errors, target);
+  const double steep = CometBoundForError(ladder.bounds, ladder.errors, 4 * target);
+  if (steep > 0) eb = std::min(eb, steep / 2);
+  if (ladder.input_rms > 0) eb = std::min(eb, kCometBoundPerInputRms * ladder.input_rms);
+  return eb;
 }
 
 // A fixed bound is what the user asked for; the log says what the rule estimates of it: an INFO
@@ -361,10 +385,8 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
   // A rule whose error is per_eb * eb: sets the bound, or audits a fixed one.
   const auto linear = [&](double per_eb, double rms, double cap) {
     if (!bd.fixed) return SetFrom(&bd, per_eb, rms, cap);
-    if (!(per_eb > 0) || !(rms > 0) || !std::isfinite(per_eb) || !std::isfinite(rms)) return;
-    double picked = param_.adaptive_target() * rms / per_eb;
-    if (cap > 0 && std::isfinite(cap)) picked = std::min(picked, cap);
-    Audit(bd, per_eb * bd.eb / rms, cap, picked);
+    const double picked = RuleBound(per_eb, rms, cap);
+    if (picked >= 0) Audit(bd, per_eb * bd.eb / rms, cap, picked);
   };
   if (bd.rule == CometPlanBound::LRN) {
     linear(measured_[layer], dx_rms, 0);  // LrnErrorPerBound: error / eb
@@ -391,28 +413,14 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
       // The curve was measured around the bound the input was stored at (a tighter reader's,
       // where it has one); read at this layer's own.
       const double cap = ladder.input_rms > 0 ? kCometBoundPerInputRms * ladder.input_rms : 0;
-      const double target = param_.adaptive_target() * grad_rms;
-      double picked = CometBoundForError(ladder.bounds, ladder.errors, target);
-      const double steep = CometBoundForError(ladder.bounds, ladder.errors, 4 * target);
-      if (steep > 0) picked = std::min(picked, steep / 2);
-      if (cap > 0 && picked > 0) picked = std::min(picked, cap);
       const double at = CometErrorAt(ladder.bounds, ladder.errors, bd.eb);
-      if (grad_rms > 0 && std::isfinite(grad_rms))
-        Audit(bd, at >= 0 ? at / grad_rms : -1, cap, picked);
+      if (grad_rms > 0 && std::isfinite(grad_rms)) {
+        Audit(bd, at >= 0 ? at / grad_rms : -1, cap,
+              LadderBound(ladder, param_.adaptive_target() * grad_rms));
+      }
     } else if (grad_rms > 0 && std::isfinite(grad_rms)) {
-      // Where the curve is steeper than quadratic (the bound nears the activations' size and
-      // most of them round to 0), a small change of the activations moves the error a lot: the
-      // bound then also stays at half the one with 4x the error.
       const double margin = DriftMargin(bound_of_layer_[layer], ladder, grad_rms);
-      const double target = param_.adaptive_target() * grad_rms / margin;
-      double eb = CometBoundForError(ladder.bounds, ladder.errors, target);
-      const double steep = CometBoundForError(ladder.bounds, ladder.errors, 4 * target);
-      if (steep > 0) eb = std::min(eb, steep / 2);
-      // A bound near the input's size rounds most values to 0 or one step: the error is then a
-      // coarse function of each batch's values, and a curve measured on one batch says little
-      // about the next (GoogLeNet at batch 32: inception_5b/5x5 at 1.6x its input's RMS, 51% on
-      // the next step; every bound at most 0.62x its input's RMS, at most 6.3%).
-      if (ladder.input_rms > 0) eb = std::min(eb, kCometBoundPerInputRms * ladder.input_rms);
+      const double eb = LadderBound(ladder, param_.adaptive_target() * grad_rms / margin);
       if (eb > 0 && std::isfinite(eb)) Clamped(&bd, eb);
     }
     ladder = Ladder();

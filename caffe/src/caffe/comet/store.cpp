@@ -307,7 +307,8 @@ CometStore<Dtype>::CometStore(Solver<Dtype>* solver, const CometParameter& param
       stats_(net_, param_), columns_max_(0), context_layer_(-1), context_iter_(-1),
       context_pass_("before the first training step"), forward_from_(0), last_forward_(-2),
       measuring_(false), auditing_(false), passes_in_step_(0), plan_mode_(Caffe::mode()),
-      in_flight_(0), max_in_flight_(0), tiled_gemm_(false), flushing_(false), in_step_(false), float_mode_(0) {
+      in_flight_(0), max_in_flight_(0), tiled_gemm_(false), flushing_(false), in_step_(false),
+      float_mode_(0) {
   CheckSettings(param_, *net_);
   const bool cpu = Caffe::mode() == Caffe::CPU;
   if (param_.async())

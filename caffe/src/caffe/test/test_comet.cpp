@@ -2432,9 +2432,9 @@ class CometStoreTest : public ::testing::Test {
   // BatchNorm's input gradient centred per channel after a lossy x_norm_ (defined below).
   void CheckCentredBatchNormGradients();
   // BatchNorm's lossy x_norm_ moved back to its exact moments (defined below).
+  void CheckBatchNormMoments();
   // A fixed bound's estimate, warned of where far off (defined below).
   void CheckFixedBoundEstimate();
-  void CheckBatchNormMoments();
   // LRN within a channel: input lossy, internal buffers recomputed (defined below).
   void CheckLrnWithinChannel();
   // Swish: its input lossy, its sigmoid's buffers freed after the forward (defined below).
