@@ -69,8 +69,14 @@ class CometBounds {
 
  private:
   bool Measures(int layer) const;
-  // *spread: the standard deviation of the stored values the rule reads.
-  double BatchNormErrorScale(int layer, double* spread) const;
+  // *spread: the standard deviation of the stored values the rule reads; *weight_terms: the
+  // channel sums the weights below need (BatchNormWeightTerms).
+  double BatchNormErrorScale(int layer, double* spread, double weight_terms[2]) const;
+  // The BatchNorm whose input a Convolution or InnerProduct wrote has set its bound from its input
+  // gradient's error; that error also reaches this layer's weight gradient, partly coherently:
+  // the bound is lowered where this layer's weight gradient needs it (docs/comet.md, "BatchNorm
+  // over few values: the weights below").
+  void BoundBatchNormByWeightsBelow(int layer);
   double LrnErrorPerBound(int layer) const;
   double DerivativeErrorPerBound(int layer, double* spread) const;
   void MeasureWeightErrors(int layer);
@@ -108,6 +114,15 @@ class CometBounds {
   double DriftMargin(int b, const Ladder& now, double grad_rms);  // updates drift_[b]
   std::set<std::string> settled_;    // bounds measured (or restored) once: they grow at most 2x
   std::vector<bool> audited_;        // bound -> a fixed one whose estimate a step has made
+  std::vector<int> weights_below_;  // BatchNorm layer -> the weighted layer below it, or -1
+  std::vector<double> bn_weight_terms_;  // BatchNorm layer -> 2 channel sums, this step
+  struct BelowBatchNorm {
+    BelowBatchNorm() : batch_norm(-1), per_eb_sq(0), cap(0) {}
+    int batch_norm;    // its bound to lower after this layer's backward, this step; -1: none
+    double per_eb_sq;  // the weight gradient's mean square error per eb^2 and per mean(x^2)
+    double cap;        // the BatchNorm rule's cap
+  };
+  std::vector<BelowBatchNorm> below_;  // weighted layer -> a BatchNorm above it to bound
 };
 
 }  // namespace caffe

@@ -100,6 +100,19 @@ double CometIndependentWeightError(double dy_sumsq, int outputs, double eb);
 double CometBatchNormChannelError(double sum_dy_y, double sum_dy_sq, double sum_y_sq, double n,
                                   double std);
 
+// The same errors as the weights of the Convolution or InnerProduct writing BatchNorm's input
+// meet them: dW = sum x dx over the P positions a weight meets. The part e mean(dy y) / std is
+// independent of x and adds up as sqrt(P). The part y mean(dy e) / std, negligible in dx where
+// a channel has many values, lies along y, which is linear in x: it adds up coherently, P mean(x y)
+// times mean(dy e) (about eb rms(dy) / sqrt(3 P)), with mean(x y) about rms(x) / sqrt(F) where
+// a weight's F inputs are uncorrelated (scripts/fuzz_nets seeds 1582 and 1647: a 1x1 Convolution
+// of 3 inputs at batch 4, 576 values a channel, BatchNorm at the cap of its own rule and the
+// weight gradient 16% off, ten times the first part). The RMS error of dW:
+// eb sqrt(P mean(x^2) (a + b / F) / 3), with a and b the means over the channels of
+// mean(dy y)^2 / std^2 and mean(dy^2) / std^2.
+double CometBatchNormWeightError(double a, double b, double positions, double fan_in,
+                                 double x_mean_square, double eb);
+
 // The bound at which the error reaches `target`, from errors measured at ascending bounds: where
 // the curve's running maximum crosses it (a dip, where the errors of clustered values happen to
 // cancel, is not counted on: it moves with the values), by log-log interpolation; beyond the measured bounds

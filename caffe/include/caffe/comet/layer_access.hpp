@@ -205,8 +205,9 @@ class CometLayerAccess {
     }
   }
   // Before BatchNorm's backward (batch statistics), on a lossy x_norm_: each channel moved back to
-  // the mean and mean square the exact one has (batchnorm_moments.hpp). variance_ holds std.
-  static void MatchBatchNormMoments(Layer<Dtype>* layer, double eb) {
+  // the mean and mean square the exact one has (batchnorm_moments.hpp), where that gains, or
+  // every channel where x_norm_ has runs of one value (`ties`). variance_ holds std.
+  static void MatchBatchNormMoments(Layer<Dtype>* layer, double eb, bool ties) {
     BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer);
     CHECK(bn) << "not a BatchNorm layer";
     CHECK_EQ(sizeof(Dtype), sizeof(float)) << "the store keeps floats only";
@@ -215,16 +216,16 @@ class CometLayerAccess {
     const int spatial = y.count() / (num * channels);
     const float eps = static_cast<float>(bn->eps_);
     // q <= 1: no channel is worth moving, and x_norm_ is left untouched (comet_bn::worth_moving)
-    if (static_cast<double>(num) * spatial * eb * eb >= 12.) return;
+    if (!ties && static_cast<double>(num) * spatial * eb * eb >= 12.) return;
     if (Caffe::mode() == Caffe::CPU) {
       CometMatchBatchNormMoments(num, channels, spatial,
                                  reinterpret_cast<const float*>(bn->variance_.cpu_data()), eps,
-                                 eb, reinterpret_cast<float*>(y.mutable_cpu_data()));
+                                 eb, ties, reinterpret_cast<float*>(y.mutable_cpu_data()));
     } else {
 #ifndef CPU_ONLY
       CometMatchBatchNormMomentsGpu(num, channels, spatial,
                                     reinterpret_cast<const float*>(bn->variance_.gpu_data()), eps,
-                                    eb, reinterpret_cast<float*>(y.mutable_gpu_data()));
+                                    eb, ties, reinterpret_cast<float*>(y.mutable_gpu_data()));
 #else
       NO_GPU;
 #endif

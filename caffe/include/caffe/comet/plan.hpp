@@ -6,6 +6,7 @@
 // layer-private buffer, what happens to it after its last forward reader and when it is freed
 // again in backward. CometStore executes it; test_comet_plan.cpp tests it on branching nets.
 
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +95,9 @@ struct CometPlan {
   // -1: after that backward the store takes each channel's mean out of the input gradient
   // (CometLayerAccess::CentreBatchNormInputGradient says why).
   std::vector<int> lossy_x_norm;
+  // layer -> that x_norm_ has runs of one value (a ReLU's zeros below BatchNorm), whose errors sz
+  // makes alike: every channel is moved back to its moments (batchnorm_moments.hpp)
+  std::vector<bool> x_norm_ties;
   std::vector<std::string> notes;                   // what stays dense and why, once each
 };
 
@@ -104,6 +108,12 @@ typedef std::vector<std::pair<int, int> > CometAliases;
 template <typename Dtype>
 CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
                         const CometAliases& data_aliases, const CometAliases& diff_aliases);
+
+// The layer below layer i that wrote its first input, looking through the layers of the types
+// `through` (each passes the blob's values, or their gradient, on to its own first bottom); -1 for
+// none (a net input).
+template <typename Dtype>
+int CometWriterBelow(const Net<Dtype>& net, int i, const std::set<std::string>& through);
 
 // Human-readable plan, one line per entry, then the notes.
 template <typename Dtype>

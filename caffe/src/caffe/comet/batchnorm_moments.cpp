@@ -7,10 +7,10 @@
 namespace caffe {
 
 void CometMatchBatchNormMoments(int num, int channels, int spatial, const float* std, float eps,
-                                double eb, float* y) {
+                                double eb, bool ties, float* y) {
   const double n = static_cast<double>(num) * spatial;
   for (int c = 0; c < channels; ++c) {
-    if (!comet_bn::worth_moving(n, std[c], eps, eb)) continue;
+    if (!ties && !comet_bn::worth_moving(n, std[c], eps, eb)) continue;
     double s1 = 0, s2 = 0;
     for (int k = 0; k < num; ++k) {
       const float* p = y + (static_cast<size_t>(k) * channels + c) * spatial;

@@ -14,14 +14,15 @@ const int kMomentThreads = 256;
 
 // A block per channel: its threads sum the channel's values and squares (in double, in a fixed
 // order, so the result is the same every run), thread 0 takes the mean and scale, and the block
-// applies them; a channel not worth moving (comet_bn::worth_moving) is not read.
+// applies them; a channel not worth moving (comet_bn::worth_moving), where x_norm_ has no ties,
+// is not read.
 __global__ void MatchMomentsKernel(int num, int channels, int spatial, const float* std,
-                                   float eps, double eb, float* y) {
+                                   float eps, double eb, bool ties, float* y) {
   __shared__ double s1[kMomentThreads], s2[kMomentThreads];
   __shared__ comet_bn::Move move;
   const int c = blockIdx.x;
   const size_t values = static_cast<size_t>(num) * spatial;
-  if (!comet_bn::worth_moving(static_cast<double>(values), std[c], eps, eb)) return;
+  if (!ties && !comet_bn::worth_moving(static_cast<double>(values), std[c], eps, eb)) return;
   double a1 = 0, a2 = 0;
   for (size_t j = threadIdx.x; j < values; j += blockDim.x) {
     const size_t k = j / spatial, i = j - k * spatial;
@@ -53,10 +54,10 @@ __global__ void MatchMomentsKernel(int num, int channels, int spatial, const flo
 }  // namespace
 
 void CometMatchBatchNormMomentsGpu(int num, int channels, int spatial, const float* std,
-                                   float eps, double eb, float* y) {
+                                   float eps, double eb, bool ties, float* y) {
   if (num <= 0 || channels <= 0 || spatial <= 0) return;
   MatchMomentsKernel<<<channels, kMomentThreads, 0, static_cast<cudaStream_t>(CometStream())>>>(
-      num, channels, spatial, std, eps, eb, y);
+      num, channels, spatial, std, eps, eb, ties, y);
   COMET_CUDA_CHECK(cudaPeekAtLastError());
 }
 

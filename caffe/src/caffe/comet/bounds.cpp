@@ -19,6 +19,28 @@
 
 namespace caffe {
 
+namespace {
+
+// The Convolution or InnerProduct (one bottom, one top, weights) whose output is layer i's first
+// input, through Splits, ReLUs and poolings (each passes a gradient on to about one value below,
+// where it is not zero); -1 where another layer writes it.
+template <typename Dtype>
+int WeightsBelow(const Net<Dtype>& net, int i) {
+  std::set<std::string> through;
+  through.insert("Split");
+  through.insert("ReLU");
+  through.insert("Pooling");
+  const int j = CometWriterBelow(net, i, through);
+  if (j < 0) return -1;
+  Layer<Dtype>& l = *net.layers()[j];  // (blobs() is not const)
+  const bool weighted = l.type() == std::string("Convolution") ||
+                        l.type() == std::string("InnerProduct");
+  return weighted && net.top_ids(j).size() == 1 && net.bottom_ids(j).size() == 1 &&
+                 !l.blobs().empty() ? j : -1;
+}
+
+}  // namespace
+
 template <typename Dtype>
 void CometBounds<Dtype>::Reset(const CometPlan& plan) {
   std::map<std::string, float> old;
@@ -42,6 +64,13 @@ void CometBounds<Dtype>::Reset(const CometPlan& plan) {
   ladder_.assign(bound_of_layer_.size(), Ladder());
   errors_.assign(bounds_.size(), CometErrorSample());
   drift_.resize(bounds_.size());
+  weights_below_.assign(bound_of_layer_.size(), -1);
+  bn_weight_terms_.assign(2 * bound_of_layer_.size(), 0);
+  below_.assign(bound_of_layer_.size(), BelowBatchNorm());
+  for (int b = 0; b < bounds_.size(); ++b) {
+    if (bounds_[b].rule == CometPlanBound::BATCHNORM)
+      weights_below_[bounds_[b].layer_id] = WeightsBelow(*net_, bounds_[b].layer_id);
+  }
 }
 
 template <typename Dtype>
@@ -240,7 +269,7 @@ void CometBounds<Dtype>::BeforeBackward(int layer) {
   if (!Measures(layer)) return;
   switch (bounds_[bound_of_layer_[layer]].rule) {
     case CometPlanBound::BATCHNORM:
-      measured_[layer] = BatchNormErrorScale(layer, &spread_[layer]);
+      measured_[layer] = BatchNormErrorScale(layer, &spread_[layer], &bn_weight_terms_[2 * layer]);
       break;
     case CometPlanBound::LRN: measured_[layer] = LrnErrorPerBound(layer); break;
     case CometPlanBound::DERIVATIVE:
@@ -378,6 +407,7 @@ void CometBounds<Dtype>::Clamped(CometPlanBound* bd, double eb) {
 
 template <typename Dtype>
 void CometBounds<Dtype>::AfterBackward(int layer) {
+  if (below_[layer].batch_norm >= 0) BoundBatchNormByWeightsBelow(layer);
   if (!Measures(layer)) return;
   CometPlanBound& bd = bounds_[bound_of_layer_[layer]];
   const Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
@@ -396,8 +426,24 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
   } else if (bd.rule == CometPlanBound::BATCHNORM) {
     // BatchNormErrorScale: RMS error of dx = eb * sqrt(S / (3 C)).
     const double channels = CometLayerAccess<Dtype>::bn_std(net_->layers()[layer].get())->count();
-    linear(std::sqrt(measured_[layer] / (3. * channels)), dx_rms,
-           kCometBoundPerStoredStd * spread_[layer]);
+    const double cap = kCometBoundPerStoredStd * spread_[layer];
+    linear(std::sqrt(measured_[layer] / (3. * channels)), dx_rms, cap);
+    const int w = weights_below_[layer];
+    if (w >= 0 && !bd.fixed) {
+      const Blob<Dtype>& weights = *net_->layers()[w]->blobs()[0];
+      const LayerParameter& wp = net_->layers()[w]->layer_param();
+      const bool transposed = wp.type() == "InnerProduct" && wp.inner_product_param().transpose();
+      const double outputs = weights.shape(transposed ? 1 : 0);
+      // the values a channel of BatchNorm's input has: each meets these weights once
+      const double positions = net_->bottom_vecs()[layer][0]->count() / channels;
+      const double fan_in = weights.count() / outputs;
+      const double* t = &bn_weight_terms_[2 * layer];
+      below_[w].batch_norm = layer;
+      below_[w].cap = cap;
+      const double per_eb = CometBatchNormWeightError(t[0] / channels, t[1] / channels,
+                                                      positions, fan_in, 1., 1.);
+      below_[w].per_eb_sq = per_eb * per_eb;
+    }
   } else {
     // Weight gradient dW = sum x (x) dy, still the raw data gradient here (regularisation
     // comes later, in ApplyUpdate): the bound where the error measured before the backward
@@ -425,6 +471,25 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
     }
     ladder = Ladder();
   }
+}
+
+// After the backward of the Convolution or InnerProduct below an adaptive BatchNorm: the bound at
+// which BatchNorm's input gradient error, as these weights meet it (CometBatchNormWeightError),
+// is the target of their gradient; BatchNorm's bound is lowered to it where it is lower.
+template <typename Dtype>
+void CometBounds<Dtype>::BoundBatchNormByWeightsBelow(int layer) {
+  const BelowBatchNorm below = below_[layer];
+  below_[layer] = BelowBatchNorm();
+  Layer<Dtype>& l = *net_->layers()[layer];
+  if (!l.param_propagate_down(0)) return;  // frozen: its input may not even have been restored
+  const Blob<Dtype>& w = *l.blobs()[0];
+  const Blob<Dtype>& x = *net_->bottom_vecs()[layer][0];
+  const double grad_rms = std::sqrt(static_cast<double>(w.sumsq_diff()) / w.count());
+  const double x_mean_square = static_cast<double>(x.sumsq_data()) / x.count();
+  CometPlanBound& bd = bounds_[bound_of_layer_[below.batch_norm]];
+  const double eb =
+      RuleBound(std::sqrt(below.per_eb_sq * x_mean_square), grad_rms, below.cap);
+  if (eb >= 0 && eb < bd.eb) Clamped(&bd, eb);
 }
 
 // The weight rule's margin (CometDriftMargin) from this curve and the last, both relative to
@@ -579,7 +644,8 @@ double CometBounds<Dtype>::DerivativeErrorPerBound(int layer, double* spread) co
 // CometBatchNormChannelError (about (mean_c(dy y) / std_c)^2). Returns S, computed from the y
 // the backward is about to read.
 template <typename Dtype>
-double CometBounds<Dtype>::BatchNormErrorScale(int layer, double* spread) const {
+double CometBounds<Dtype>::BatchNormErrorScale(int layer, double* spread,
+                                               double weight_terms[2]) const {
   Layer<Dtype>* l = net_->layers()[layer].get();
   const Blob<Dtype>* y = CometLayerAccess<Dtype>::bn_x_norm(l);
   const Blob<Dtype>* sd = CometLayerAccess<Dtype>::bn_std(l);
@@ -591,6 +657,7 @@ double CometBounds<Dtype>::BatchNormErrorScale(int layer, double* spread) const 
   const Dtype* dy = HostValues(top, true, &dy_copy);
   const Dtype* s = HostValues(sd, false, &s_copy);
   double total = 0, y1 = 0, y2 = 0;
+  weight_terms[0] = weight_terms[1] = 0;
   const double per_channel = static_cast<double>(num) * spatial;
   for (int c = 0; c < channels; ++c) {
     double m1 = 0, dy2 = 0, yy = 0;
@@ -605,6 +672,11 @@ double CometBounds<Dtype>::BatchNormErrorScale(int layer, double* spread) const 
     }
     y2 += yy;
     total += CometBatchNormChannelError(m1, dy2, yy, per_channel, s[c]);
+    if (s[c] > 0) {  // CometBatchNormWeightError's a and b, summed
+      const double var = static_cast<double>(s[c]) * s[c];
+      weight_terms[0] += (m1 / per_channel) * (m1 / per_channel) / var;
+      weight_terms[1] += dy2 / per_channel / var;
+    }
   }
   *spread = StdOf(y1, y2, y->count());
   return total;

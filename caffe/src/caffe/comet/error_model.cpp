@@ -289,6 +289,12 @@ double CometBatchNormChannelError(double sum_dy_y, double sum_dy_sq, double sum_
   return (m1 * m1 * (1 + 2 / n) + (sum_y_sq / n) * (sum_dy_sq / n) / n) / (std * std);
 }
 
+double CometBatchNormWeightError(double a, double b, double positions, double fan_in,
+                                 double x_mean_square, double eb) {
+  if (!(positions > 0) || !(fan_in > 0) || !(x_mean_square >= 0)) return 0;
+  return eb * std::sqrt(positions * x_mean_square * (a + b / fan_in) / 3.);
+}
+
 double CometSampledStd(const float* x, bool on_device, size_t count) {
   if (count == 0) return 0;
   const int rows = static_cast<int>(std::min<size_t>(count, 256));

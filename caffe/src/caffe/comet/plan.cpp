@@ -112,6 +112,35 @@ bool LossyAllowed(const LayerParameter& lp, const std::set<std::string>& lossy_t
 }  // namespace
 
 template <typename Dtype>
+int CometWriterBelow(const Net<Dtype>& net, int i, const std::set<std::string>& through) {
+  int blob = net.bottom_ids(i)[0];
+  for (int j = i - 1; j >= 0; --j) {
+    const std::vector<int>& tops = net.top_ids(j);
+    if (std::find(tops.begin(), tops.end(), blob) == tops.end()) continue;
+    if (!through.count(net.layers()[j]->type()) || net.bottom_ids(j).empty()) return j;
+    blob = net.bottom_ids(j)[0];
+  }
+  return -1;
+}
+
+namespace {
+
+// Whether layer i's first input has runs of one value, for its x_norm_ to hold them too: written by
+// a ReLU (its zeros), through Splits and poolings, which keep them.
+template <typename Dtype>
+bool InputHasTies(const Net<Dtype>& net, int i) {
+  std::set<std::string> through;
+  through.insert("Split");
+  through.insert("Pooling");
+  const int j = CometWriterBelow(net, i, through);
+  if (j < 0) return false;
+  const LayerParameter& lp = net.layers()[j]->layer_param();
+  return lp.type() == "ReLU" && lp.relu_param().negative_slope() == 0;
+}
+
+}  // namespace
+
+template <typename Dtype>
 CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
                         const CometAliases& data_aliases, const CometAliases& diff_aliases) {
   CometPlan plan;
@@ -296,6 +325,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
   // this a net fine-tuned with its lower layers frozen kept them all, dense, through the step.
   plan.private_of_layer.assign(L, std::vector<int>());
   plan.lossy_x_norm.assign(L, -1);
+  plan.x_norm_ties.assign(L, false);
   std::vector<int> global_x_norms;  // entries of x_norm_ of BatchNorms with global statistics
   for (int i = 0; i < L && param.layer_buffers(); ++i) {
     const bool runs_backward = net.layer_need_backward()[i];
@@ -399,6 +429,7 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
         e.eb_layers.push_back(BoundOf(&plan, net, param, i, CometPlanBound::BATCHNORM));
         plan.after_backward[i].push_back(plan.entries.size());
         plan.lossy_x_norm[i] = plan.entries.size();
+        plan.x_norm_ties[i] = InputHasTies(net, i);
       } else if (runs_backward) {
         e.action = CometActions::KEEP;
         if (global) global_x_norms.push_back(plan.entries.size());
@@ -599,6 +630,8 @@ template CometPlan MakeCometPlan<float>(const Net<float>&, const CometParameter&
                                         const CometAliases&, const CometAliases&);
 template CometPlan MakeCometPlan<double>(const Net<double>&, const CometParameter&,
                                          const CometAliases&, const CometAliases&);
+template int CometWriterBelow<float>(const Net<float>&, int, const std::set<std::string>&);
+template int CometWriterBelow<double>(const Net<double>&, int, const std::set<std::string>&);
 template std::string DescribeCometPlan<float>(const CometPlan&, const Net<float>&,
                                               const CometParameter&);
 template std::string DescribeCometPlan<double>(const CometPlan&, const Net<double>&,

@@ -1247,7 +1247,8 @@ void CometStore<Dtype>::BeforeBackward(int layer) {
   // BatchNorm reads its x_norm_ lossy: each channel back at the exact one's moments first.
   if (LossyXNormFeedsBackward(layer)) {
     CometLayerAccess<Dtype>::MatchBatchNormMoments(net_->layers()[layer].get(),
-                                                   entries_[plan_.lossy_x_norm[layer]].stored->eb);
+                                                   entries_[plan_.lossy_x_norm[layer]].stored->eb,
+                                                   plan_.x_norm_ties[layer]);
   }
   if (measuring_) bounds_.BeforeBackward(layer);
   DecodeAhead(layer);  // while this layer's backward runs

@@ -2392,6 +2392,24 @@ class CometStoreTest : public ::testing::Test {
     for (int i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "param " << i;
   }
 
+  // conv1's weight gradient error against COMET off's, a step after two of `net` (base_lr `lr`)
+  // with only BatchNorm's x_norm_ lossy (`comet`: the block's fields), without ([0]) and with
+  // ([1]) BatchNorm's corrections (centre_batchnorm_gradients).
+  void CorrectedBatchNormErrors(const std::string& net, const std::string& comet, const char* lr,
+                                double errors[2]) {
+    shared_ptr<Solver<float> > off = SolverFor(net, "", lr);
+    for (int corrected = 0; corrected < 2; ++corrected) {
+      shared_ptr<Solver<float> > on = SolverFor(
+          net, "comet { compress_type: 'BatchNorm' " + comet +
+                   (corrected ? " }" : " centre_batchnorm_gradients: false }"), lr);
+      Run(on.get(), 2);
+      StepBothFromTheSameWeights(on.get(), off.get());
+      EXPECT_GT(on->comet()->bound("bn1"), 0) << "x_norm_ is stored lossy";
+      errors[corrected] = WeightGradientError(on.get(), off.get(), "conv1");
+      ASSERT_GE(errors[corrected], 0);
+    }
+  }
+
   // One more step's gradients of `on` and `off` from on's weights and the same batch.
   static void StepBothFromTheSameWeights(Solver<float>* on, Solver<float>* off) {
     const std::vector<Blob<float>*>& pa = on->net()->learnable_params();
@@ -2433,6 +2451,10 @@ class CometStoreTest : public ::testing::Test {
   void CheckCentredBatchNormGradients();
   // BatchNorm's lossy x_norm_ moved back to its exact moments (defined below).
   void CheckBatchNormMoments();
+  // A BatchNorm's bound lowered for the weights below it (defined below).
+  void CheckBatchNormWeightsBelow();
+  // BatchNorm after a ReLU: x_norm_ moved back at many values a channel (defined below).
+  void CheckBatchNormAfterRelu();
   // A fixed bound's estimate, warned of where far off (defined below).
   void CheckFixedBoundEstimate();
   // LRN within a channel: input lossy, internal buffers recomputed (defined below).
@@ -4117,19 +4139,9 @@ void CometStoreTest::CheckBatchNormMoments() {
       "layer { name: 'ip' type: 'InnerProduct' bottom: 'bn1' top: 'ip' inner_product_param { "
       "num_output: 4 weight_filler { type: 'gaussian' std: 0.3 } } } "
       "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
-  const std::string fixed = "comet { eb_mode: FIXED error_bound: 0.05 compress_type: 'BatchNorm' "
-                            "release_diffs: false ";
-  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.05");
   double errors[2];
-  for (int corrected = 0; corrected < 2; ++corrected) {
-    shared_ptr<Solver<float> > on = SolverFor(
-        net, fixed + (corrected ? "}" : "centre_batchnorm_gradients: false }"), "0.05");
-    Run(on.get(), 2);
-    StepBothFromTheSameWeights(on.get(), off.get());
-    EXPECT_FLOAT_EQ(on->comet()->bound("bn1"), 0.05f) << "x_norm_ is stored lossy";
-    errors[corrected] = WeightGradientError(on.get(), off.get(), "conv1");
-    ASSERT_GE(errors[corrected], 0);
-  }
+  CorrectedBatchNormErrors(net, "eb_mode: FIXED error_bound: 0.05 release_diffs: false", "0.05",
+                           errors);
   LOG(INFO) << "conv1's weight gradient against COMET off: " << errors[0]
             << " from BatchNorm's own backward, " << errors[1] << " corrected";
   EXPECT_GT(errors[0], 0.015) << "conv1's weight gradient from BatchNorm's own backward";
@@ -4137,6 +4149,79 @@ void CometStoreTest::CheckBatchNormMoments() {
 }
 TEST_F(CometStoreTest, ABatchNormOfFewValuesAChannelReadsItsXNormAtItsExactMoments) {
   CheckBatchNormMoments();
+}
+
+// A BatchNorm right above a 1x1 Convolution of 3 inputs, over 4 x 12 x 12 = 576 values a channel
+// (scripts/fuzz_nets seed 1647's): the error its lossy x_norm_ gives its input gradient is small
+// against that gradient, and the BatchNorm rule took the cap of its own rule, but the error's part
+// along x_norm_ adds up coherently in conv1's weight gradient (CometBatchNormWeightError). Only
+// x_norm_ is lossy, ADAPTIVE: without the second rule bn1 stays at 0.253 and conv1's weight
+// gradient is 13.8% off COMET off's against the 5% target; with it 0.095 and 5.7%.
+void CometStoreTest::CheckBatchNormWeightsBelow() {
+  const std::string net =
+      "name: 'below' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 4 dim: 3 dim: 12 dim: 12 } shape { dim: 4 } "
+      "data_filler { type: 'gaussian' std: 1 } "
+      "data_filler { type: 'uniform' min: 0 max: 4.99 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+      "num_output: 6 kernel_size: 1 weight_filler { type: 'gaussian' std: 0.8 } "
+      "bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'elu1' type: 'ELU' bottom: 'conv1' top: 'elu1' elu_param { alpha: -0.5 } } "
+      "layer { name: 'pool1' type: 'Pooling' bottom: 'elu1' top: 'pool1' pooling_param { "
+      "pool: MAX kernel_size: 2 stride: 2 } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool1' top: 'ip' inner_product_param { "
+      "num_output: 5 weight_filler { type: 'gaussian' std: 0.07 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01");
+  shared_ptr<Solver<float> > on = SolverFor(
+      net, "comet { eb_mode: ADAPTIVE compress_type: 'BatchNorm' update_interval: 1 }", "0.01");
+  Run(on.get(), 3);
+  StepBothFromTheSameWeights(on.get(), off.get());
+  const float eb = on->comet()->bound("bn1");
+  const double error = WeightGradientError(on.get(), off.get(), "conv1");
+  LOG(INFO) << "bn1's bound " << eb << ", conv1's weight gradient " << error << " off";
+  ASSERT_GE(error, 0);
+  EXPECT_LT(eb, 0.2) << "bn1's bound, lowered for conv1";
+  EXPECT_LT(error, 0.075) << "conv1's weight gradient, against a 5% target";
+}
+TEST_F(CometStoreTest, ABatchNormAboveAWeightedLayerBoundsItsErrorInThoseWeights) {
+  CheckBatchNormWeightsBelow();
+}
+
+// A BatchNorm after a ReLU (scripts/fuzz_nets seed 1582's): the ReLU's zeros are one value in
+// x_norm_, -mean / std, and sz reconstructs such a run with one common error: a mean and a
+// component along x_norm_ far above the eb / sqrt(3 n) of independent errors, at 576 values a
+// channel; a global average pooling above makes BatchNorm's output gradient nearly constant
+// over a channel, which meets that error's mean. Only x_norm_ is lossy, FIXED 0.2: conv1's weight
+// gradient 11.5% off COMET off's with neither correction, 1.1% with x_norm_ moved back to its
+// moments and the gradient centred (11.6% as before 2026-12-07's third session, when the move was
+// made only below n eb^2 = 12: here the centring alone).
+void CometStoreTest::CheckBatchNormAfterRelu() {
+  const std::string net =
+      "name: 'ties' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 4 dim: 3 dim: 12 dim: 12 } shape { dim: 4 } "
+      "data_filler { type: 'gaussian' std: 1 } "
+      "data_filler { type: 'uniform' min: 0 max: 4.99 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+      "num_output: 6 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.27 } "
+      "bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'relu1' type: 'ReLU' bottom: 'conv1' top: 'conv1' } "
+      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'bn1' } "
+      "layer { name: 'pool1' type: 'Pooling' bottom: 'bn1' top: 'pool1' pooling_param { "
+      "pool: AVE global_pooling: true } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool1' top: 'ip' inner_product_param { "
+      "num_output: 5 weight_filler { type: 'gaussian' std: 0.3 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  double errors[2];
+  CorrectedBatchNormErrors(net, "eb_mode: FIXED error_bound: 0.2", "0.01", errors);
+  LOG(INFO) << "conv1's weight gradient against COMET off: " << errors[0]
+            << " from BatchNorm's own backward, " << errors[1] << " corrected";
+  EXPECT_GT(errors[0], 0.1) << "conv1's weight gradient from BatchNorm's own backward";
+  EXPECT_LT(errors[1], errors[0] / 3) << "conv1's, with x_norm_ at its exact moments";
+}
+TEST_F(CometStoreTest, ABatchNormAfterAReluReadsItsXNormAtItsExactMoments) {
+  CheckBatchNormAfterRelu();
 }
 
 // glog's lines that contain `text`, with their severity, as a sink receives them.
@@ -5250,6 +5335,12 @@ TEST_F(CometGPUTest, BatchNormsInputGradientFromALossyXNormSumsToZeroOverEachCha
 }
 TEST_F(CometGPUTest, ABatchNormOfFewValuesAChannelReadsItsXNormAtItsExactMoments) {
   CheckBatchNormMoments();
+}
+TEST_F(CometGPUTest, ABatchNormAboveAWeightedLayerBoundsItsErrorInThoseWeights) {
+  CheckBatchNormWeightsBelow();
+}
+TEST_F(CometGPUTest, ABatchNormAfterAReluReadsItsXNormAtItsExactMoments) {
+  CheckBatchNormAfterRelu();
 }
 TEST_F(CometGPUTest, AFixedBoundEstimatedFarOffIsWarnedOnceAndIsFarOff) {
   CheckFixedBoundEstimate();

@@ -278,6 +278,34 @@ TEST_F(CometPlanTest, LRNWithinAChannelStoresItsInputAndRecomputesItsInternals) 
       << log.str();
 }
 
+// A ReLU's zeros are one value in a BatchNorm's x_norm_, and sz makes their errors alike: such an
+// x_norm_ is marked (batchnorm_moments.hpp), through a max pooling and a Split; after a
+// Convolution or a leaky ReLU it is not.
+TEST_F(CometPlanTest, ABatchNormAfterAReluHasTiesInItsXNorm) {
+  Build(Dummy("dim: 2 dim: 3 dim: 8 dim: 8", "dim: 2") + Conv("conv1", "data", 4) +
+        "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'bn1' } " +
+        Conv("conv2", "bn1", 4) + InPlace("relu2", "ReLU", "conv2") +
+        "layer { name: 'pool2' type: 'Pooling' bottom: 'conv2' top: 'pool2' pooling_param { "
+        "pool: MAX kernel_size: 2 stride: 2 } } "
+        "layer { name: 'bn2' type: 'BatchNorm' bottom: 'pool2' top: 'bn2' } "
+        "layer { name: 'side' type: 'InnerProduct' bottom: 'pool2' top: 'side' "
+        "inner_product_param { num_output: 3" + kFill + "} } " +
+        Conv("conv3", "bn2", 4) +
+        InPlace("relu3", "ReLU", "conv3", "relu_param { negative_slope: 0.1 }") +
+        "layer { name: 'bn3' type: 'BatchNorm' bottom: 'conv3' top: 'bn3' } "
+        "layer { name: 'ip' type: 'InnerProduct' bottom: 'bn3' top: 'ip' inner_product_param { "
+        "num_output: 3" + kFill + "} } "
+        "layer { name: 'sum' type: 'Eltwise' bottom: 'ip' bottom: 'side' top: 'sum' } "
+        "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'sum' bottom: 'label' "
+        "top: 'loss' } ");
+  const char* bns[] = {"bn1", "bn2", "bn3"};
+  for (int k = 0; k < 3; ++k) {
+    const int i = Layer(bns[k]);
+    EXPECT_GE(plan_.lossy_x_norm[i], 0) << bns[k] << "'s x_norm_ is stored lossy";
+    EXPECT_EQ(plan_.x_norm_ties[i], k == 1) << bns[k];
+  }
+}
+
 // A residual block: Convolution, BatchNorm, Scale and ReLU in place on one blob, a shortcut
 // through Split, Eltwise SUM, ReLU in place, global average pooling.
 TEST_F(CometPlanTest, AResidualBlockMasksAndCompressesWhatItCan) {
