@@ -69,13 +69,13 @@ class CometBounds {
 
  private:
   bool Measures(int layer) const;
-  // *spread: the standard deviation of the stored values the rule reads; *weight_terms: the
-  // channel sums the weights below need (BatchNormWeightTerms).
+  // *spread: the standard deviation of the stored values the rule reads; weight_terms: the sums
+  // over the channels of CometBatchNormWeightError's a and b.
   double BatchNormErrorScale(int layer, double* spread, double weight_terms[2]) const;
   // The BatchNorm whose input a Convolution or InnerProduct wrote has set its bound from its input
   // gradient's error; that error also reaches this layer's weight gradient, partly coherently:
-  // the bound is lowered where this layer's weight gradient needs it (docs/comet.md, "BatchNorm
-  // over few values: the weights below").
+  // the bound is lowered where this layer's weight gradient needs it (docs/comet.md, "BatchNorm's
+  // x_norm_": the weights below).
   void BoundBatchNormByWeightsBelow(int layer);
   double LrnErrorPerBound(int layer) const;
   double DerivativeErrorPerBound(int layer, double* spread) const;
@@ -117,10 +117,10 @@ class CometBounds {
   std::vector<int> weights_below_;  // BatchNorm layer -> the weighted layer below it, or -1
   std::vector<double> bn_weight_terms_;  // BatchNorm layer -> 2 channel sums, this step
   struct BelowBatchNorm {
-    BelowBatchNorm() : batch_norm(-1), per_eb_sq(0), cap(0) {}
-    int batch_norm;    // its bound to lower after this layer's backward, this step; -1: none
-    double per_eb_sq;  // the weight gradient's mean square error per eb^2 and per mean(x^2)
-    double cap;        // the BatchNorm rule's cap
+    BelowBatchNorm() : batch_norm(-1), per_eb(0), cap(0) {}
+    int batch_norm;  // its bound to lower after this layer's backward, this step; -1: none
+    double per_eb;   // the weight gradient's RMS error per unit of eb and of the input's RMS
+    double cap;      // the BatchNorm rule's cap
   };
   std::vector<BelowBatchNorm> below_;  // weighted layer -> a BatchNorm above it to bound
 };

@@ -26,11 +26,7 @@ namespace {
 // where it is not zero); -1 where another layer writes it.
 template <typename Dtype>
 int WeightsBelow(const Net<Dtype>& net, int i) {
-  std::set<std::string> through;
-  through.insert("Split");
-  through.insert("ReLU");
-  through.insert("Pooling");
-  const int j = CometWriterBelow(net, i, through);
+  const int j = CometWriterBelow(net, i, {"Split", "ReLU", "Pooling"});
   if (j < 0) return -1;
   Layer<Dtype>& l = *net.layers()[j];  // (blobs() is not const)
   const bool weighted = l.type() == std::string("Convolution") ||
@@ -440,9 +436,8 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
       const double* t = &bn_weight_terms_[2 * layer];
       below_[w].batch_norm = layer;
       below_[w].cap = cap;
-      const double per_eb = CometBatchNormWeightError(t[0] / channels, t[1] / channels,
-                                                      positions, fan_in, 1., 1.);
-      below_[w].per_eb_sq = per_eb * per_eb;
+      below_[w].per_eb = CometBatchNormWeightError(t[0] / channels, t[1] / channels, positions,
+                                                   fan_in, 1., 1.);
     }
   } else {
     // Weight gradient dW = sum x (x) dy, still the raw data gradient here (regularisation
@@ -485,10 +480,9 @@ void CometBounds<Dtype>::BoundBatchNormByWeightsBelow(int layer) {
   const Blob<Dtype>& w = *l.blobs()[0];
   const Blob<Dtype>& x = *net_->bottom_vecs()[layer][0];
   const double grad_rms = std::sqrt(static_cast<double>(w.sumsq_diff()) / w.count());
-  const double x_mean_square = static_cast<double>(x.sumsq_data()) / x.count();
+  const double x_rms = std::sqrt(static_cast<double>(x.sumsq_data()) / x.count());
   CometPlanBound& bd = bounds_[bound_of_layer_[below.batch_norm]];
-  const double eb =
-      RuleBound(std::sqrt(below.per_eb_sq * x_mean_square), grad_rms, below.cap);
+  const double eb = RuleBound(below.per_eb * x_rms, grad_rms, below.cap);
   if (eb >= 0 && eb < bd.eb) Clamped(&bd, eb);
 }
 

@@ -129,10 +129,7 @@ namespace {
 // a ReLU (its zeros), through Splits and poolings, which keep them.
 template <typename Dtype>
 bool InputHasTies(const Net<Dtype>& net, int i) {
-  std::set<std::string> through;
-  through.insert("Split");
-  through.insert("Pooling");
-  const int j = CometWriterBelow(net, i, through);
+  const int j = CometWriterBelow(net, i, {"Split", "Pooling"});
   if (j < 0) return false;
   const LayerParameter& lp = net.layers()[j]->layer_param();
   return lp.type() == "ReLU" && lp.relu_param().negative_slope() == 0;
