@@ -1,26 +1,27 @@
 """Random nets, trained COMET off and on, compared: the store's plan checked on topologies nobody wrote.
 
 Each seed makes one train net from Caffe's layer types: a DummyData input (4 images, 3x12x12, labels
-0..4), then 4 to 10 random steps, each reading a blob made earlier (most often a recent one, so the
-net is deep, sometimes an old one, so blobs fan out through Caffe's Split): Convolution (3x3, 1x1,
-strided, dilated, depthwise, frozen with lr_mult 0, with propagate_down: false), activations in
-place on their input (ReLU, leaky ReLU, PReLU, ELU, TanH, Sigmoid, Swish, Exp, Dropout, BatchNorm,
-Scale) or beside it (the same and AbsVal, BNLL, Power, Clip, MVN, LRN across and within channels,
-Bias, Softmax, Log, ELU with a negative alpha, PReLU with one slope), InnerProduct inside the net
-(through Flatten or not, reshaped back to 4 axes), Tile, Pooling (MAX with and without its mask
-top, padded, overlapping, AVE, global), Eltwise SUM/PROD/MAX of two or three blobs, Concat, a
+0..4), then 4 to 10 random steps, each reading a blob made earlier (most often a recent one, so the net
+is deep, sometimes an old one, so blobs fan out through Caffe's Split): Convolution (3x3, 1x1, strided,
+dilated, depthwise, frozen with lr_mult 0, with propagate_down: false), activations in place on their
+input (ReLU, leaky ReLU, PReLU, ELU, TanH, Sigmoid, Swish, Exp, Dropout, BatchNorm, Scale) or beside it
+(the same and AbsVal, BNLL, Power, Clip, MVN, LRN across and within channels, Bias, Softmax, Log, ELU
+with a negative alpha, PReLU with one slope), InnerProduct inside the net (through Flatten or not, its
+weights transposed, or along axis 2; reshaped back to 4 axes), Tile, Pooling (MAX with and without its
+mask top, padded, overlapping, AVE, global), Eltwise SUM/PROD/MAX of two or three blobs, Concat, a
 two-bottom Scale or Bias, Slice, a Convolution with two bottoms (one set of weights, two tops),
 Deconvolution with a Crop back to an earlier blob's size, and what CNNs use less: SPP, Im2col, an
-explicit Split, Silence, a Parameter added to a blob, LSTM and RNN (the batch as 2 time steps of 2
-streams), Embed of the label, BatchReindex by drawn or constant indices, ArgMax and Threshold as
-outputs of the net; side losses (Reduction of each operation, EuclideanLoss, SigmoidCrossEntropyLoss
-with a target that takes no gradient, HingeLoss, ContrastiveLoss between two pooled blobs,
-MultinomialLogisticLoss after a Softmax). The head is an InnerProduct into SoftmaxWithLoss,
-sometimes with Accuracy in TRAIN and a second weighted head; some nets have `force_backward: true`,
-some convolutions a twin that shares their weights, some activations a `loss_weight` on a top that
-later layers read; some solvers have `iter_size: 2`, some a TEST net (`test_interval: 2`), whose
-outputs after the last test must match too. What a seed makes is a function of the seed alone
-(Python's `random.Random`).
+explicit Split, Silence, a Parameter added to a blob, a 3-D Convolution on 5-axis blobs, LSTM and RNN
+(the batch as 2 time steps of 2 streams), Embed of the label, BatchReindex by drawn or constant indices,
+ArgMax and Threshold as outputs of the net; side losses (Reduction of each operation, EuclideanLoss,
+SigmoidCrossEntropyLoss with a target that takes no gradient, HingeLoss, ContrastiveLoss between two
+pooled blobs, MultinomialLogisticLoss after a Softmax, InfogainLoss with its gains as a third bottom, a
+Filter that keeps some samples of the batch and their labels for a loss of their own). The head is an
+InnerProduct into SoftmaxWithLoss, sometimes with Accuracy in TRAIN and a second weighted head; some nets
+have `force_backward: true`, some convolutions a twin that shares their weights, some activations a
+`loss_weight` on a top that later layers read; some solvers have `iter_size: 2`, some a TEST net
+(`test_interval: 2`), whose outputs after the last test must match too. What a seed makes is a function
+of the seed alone (Python's `random.Random`).
 
 Every net is trained 3 steps in its own child process each way (Caffe's random seed set again before
 every step, so Dropout draws the same masks), and then pycaffe runs one forward and backward:
@@ -112,6 +113,9 @@ class NetMaker:
 
     def __init__(self, seed: int):
         self.r = random.Random(seed)
+        # Layers added since 2026-12-07's runs draw from a generator of their own, so that a seed's
+        # net stays as it was unless one of them is swapped in (the figures of seeds 0-2549 hold).
+        self.later = random.Random(f"later {seed}")
         self.layers: list[str] = []
         self.blobs: list[Blob] = [Blob("data", 3, 12, 12, writable=False)]
         self.count = 0
@@ -332,15 +336,19 @@ class NetMaker:
     def dense(self, src: Blob):
         """An InnerProduct inside the net (through Flatten or straight), reshaped back to N x K x 1 x 1."""
         n, k = self.name("dense"), self.r.choice([8, 12, 16])
-        bottom = src
+        bottom, kind = src, self.later.choice([None, None, None, "transpose", "rows"])
         if self.r.random() < 0.4:
             self.add(f'layer {{ name: "{n}f" type: "Flatten" bottom: "{src.name}" top: "{n}f" }}', src)
             bottom = Blob(f"{n}f", src.c * src.h * src.w, 1, 1)
-        std = math.sqrt(2.0 / (src.c * src.h * src.w))
+            kind = None if kind == "rows" else kind  # two axes: no axis 2
+        # transpose: its weights stored features x outputs; rows: axis 2, each sample's channels its rows
+        extra = {"transpose": "transpose: true ", "rows": "axis: 2 "}.get(kind, "")
+        features = src.h * src.w if kind == "rows" else src.c * src.h * src.w
+        std = math.sqrt(2.0 / features)
         self.add(f'layer {{ name: "{n}" type: "InnerProduct" bottom: "{bottom.name}" top: "{n}" '
-                 f'inner_product_param {{ num_output: {k} weight_filler {{ type: "gaussian" std: {std:.4f} }} }} }}',
+                 f'inner_product_param {{ num_output: {k} {extra}weight_filler {{ type: "gaussian" std: {std:.4f} }} }} }}',
                  bottom, src)
-        self.as_maps(n, k)
+        self.as_maps(n, k * src.c if kind == "rows" else k)
 
     def tile(self, src: Blob):
         n = self.name("tile")
@@ -355,6 +363,9 @@ class NetMaker:
                               "Contrastive", "MultinomialLogistic"])
         if kind in ("Euclidean", "SigmoidCrossEntropy") and not same:
             kind = "Reduction"
+        # never forced: that would ask for a gradient to the Filter's selector and to Infogain's gains
+        if self.later.random() < 0.25 and not self.force_backward:
+            kind = self.later.choice(["Filter", "Infogain"])
         if kind == "Euclidean":
             b = self.r.choice(same)
             self.add(f'layer {{ name: "{n}" type: "EuclideanLoss" bottom: "{src.name}" bottom: "{b.name}" '
@@ -382,6 +393,35 @@ class NetMaker:
                      f'weight_filler {{ type: "gaussian" std: {std:.4f} }} }} }}', src)
             self.add(f'layer {{ name: "{n}p" type: "Softmax" bottom: "{n}i" top: "{n}p" }}')
             self.add(f'layer {{ name: "{n}" type: "MultinomialLogisticLoss" bottom: "{n}p" bottom: "label" '
+                     f'top: "{n}" loss_weight: 0.1 }}')
+        elif kind == "Filter":  # a loss on some samples of the batch (their shapes change at the first forward)
+            keep = self.later.choice([(1, 1, 0, 0), (1, 0, 0, 1), (0, 1, 1, 1), (0, 0, 1, 0)])
+            runs = [[keep[0]]]  # the selector as runs of equal values, concatenated along the batch
+            for v in keep[1:]:
+                runs[-1].append(v) if v == runs[-1][0] else runs.append([v])
+            tops = " ".join(f'top: "{n}s{i}"' for i in range(len(runs)))
+            shapes = " ".join(f"shape {{ dim: {len(run)} }}" for run in runs)
+            fillers = " ".join(f'data_filler {{ type: "constant" value: {run[0]} }}' for run in runs)
+            self.add(f'layer {{ name: "{n}s" type: "DummyData" {tops} dummy_data_param {{ {shapes} {fillers} }} }}')
+            self.add(f'layer {{ name: "{n}c" type: "Concat" '
+                     + " ".join(f'bottom: "{n}s{i}"' for i in range(len(runs)))
+                     + f' top: "{n}c" concat_param {{ axis: 0 }} }}')
+            self.add(f'layer {{ name: "{n}f" type: "Filter" bottom: "{src.name}" bottom: "label" bottom: "{n}c" '
+                     f'top: "{n}f" top: "{n}l" }}', src)
+            std = math.sqrt(1.0 / (src.c * src.h * src.w))
+            self.add(f'layer {{ name: "{n}i" type: "InnerProduct" bottom: "{n}f" top: "{n}i" '
+                     f'inner_product_param {{ num_output: {CLASSES} '
+                     f'weight_filler {{ type: "gaussian" std: {std:.4f} }} }} }}')
+            self.add(f'layer {{ name: "{n}" type: "SoftmaxWithLoss" bottom: "{n}i" bottom: "{n}l" '
+                     f'top: "{n}" propagate_down: true propagate_down: false loss_weight: 0.1 }}')
+        elif kind == "Infogain":  # its gains H a third bottom, drawn again every forward
+            std = math.sqrt(1.0 / (src.c * src.h * src.w))
+            self.add(f'layer {{ name: "{n}i" type: "InnerProduct" bottom: "{src.name}" top: "{n}i" '
+                     f'inner_product_param {{ num_output: {CLASSES} '
+                     f'weight_filler {{ type: "gaussian" std: {std:.4f} }} }} }}', src)
+            self.add(f'layer {{ name: "{n}h" type: "DummyData" top: "{n}h" dummy_data_param {{ shape {{ dim: 1 '
+                     f'dim: 1 dim: {CLASSES} dim: {CLASSES} }} data_filler {{ type: "uniform" min: 0 max: 1 }} }} }}')
+            self.add(f'layer {{ name: "{n}" type: "InfogainLoss" bottom: "{n}i" bottom: "label" bottom: "{n}h" '
                      f'top: "{n}" loss_weight: 0.1 }}')
         else:
             op, axis = self.r.choice(["SUMSQ", "SUM", "ASUM", "MEAN"]), self.r.choice([0, 1])
@@ -438,6 +478,26 @@ class NetMaker:
                  f'bias_filler {{ type: "constant" value: 0.1 }} }} }}')
         self.as_maps(n, 6, f"dim: {BATCH} dim: 6")  # its top is T x streams x 6
 
+    def volume(self, src: Blob):
+        """A 3-D Convolution on 5-axis blobs (as video nets have): src's rows as 2 slices of depth, a
+        2x3x3 kernel across both, maybe a ReLU or BatchNorm in place on the 5-axis top, back to 4 axes."""
+        if src.h < 2 or src.h % 2:
+            return self.conv(src)
+        n = self.name("volume")
+        self.add(f'layer {{ name: "{n}v" type: "Reshape" bottom: "{src.name}" top: "{n}v" '
+                 f'reshape_param {{ axis: 2 num_axes: 1 shape {{ dim: 2 dim: -1 }} }} }}', src)
+        cout = self.later.choice([4, 6])
+        std = math.sqrt(2.0 / (2 * 3 * 3 * src.c))
+        self.add(f'layer {{ name: "{n}" type: "Convolution" bottom: "{n}v" top: "{n}" convolution_param {{ '
+                 f'num_output: {cout} kernel_size: 2 kernel_size: 3 kernel_size: 3 pad: 0 pad: 1 pad: 1 '
+                 f'weight_filler {{ type: "gaussian" std: {std:.4f} }} bias_filler {{ type: "constant" value: 0.1 }} }} }}')
+        act = self.later.choice([None, "ReLU", "BatchNorm"])
+        if act:
+            self.add(f'layer {{ name: "{n}a" type: "{act}" bottom: "{n}" top: "{n}" }}')
+        self.add(f'layer {{ name: "{n}r" type: "Reshape" bottom: "{n}" top: "{n}r" '
+                 f'reshape_param {{ axis: 2 num_axes: 2 shape {{ dim: -1 }} }} }}')
+        self.new(f"{n}r", cout, src.h // 2, src.w)
+
     def embed(self, src: Blob):
         """The label through an Embed (no gradient to its input, so never with force_backward)."""
         if self.force_backward:
@@ -468,8 +528,9 @@ class NetMaker:
         self.add(f'layer {{ name: "{n}" bottom: "{src.name}" top: "{n}" {body} }}', src)
 
     def more(self, src: Blob):
-        self.r.choice([self.spp, self.im2col, self.split, self.silence, self.parameter, self.recurrent,
-                       self.embed, self.reindex, self.leaf])(src)
+        make = self.r.choice([self.spp, self.im2col, self.split, self.silence, self.parameter, self.recurrent,
+                              self.embed, self.reindex, self.leaf])
+        (self.volume if self.later.random() < 0.12 else make)(src)
 
     def head(self, src: Blob, loss_weight: float = 1.0):
         n = self.name("ip")
