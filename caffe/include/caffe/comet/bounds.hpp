@@ -72,11 +72,12 @@ class CometBounds {
   // *spread: the standard deviation of the stored values the rule reads; weight_terms: the sums
   // over the channels of CometBatchNormWeightError's a and b.
   double BatchNormErrorScale(int layer, double* spread, double weight_terms[2]) const;
-  // The BatchNorm whose input a Convolution or InnerProduct wrote has set its bound from its input
-  // gradient's error; that error also reaches this layer's weight gradient, partly coherently:
-  // the bound is lowered where this layer's weight gradient needs it (docs/comet.md, "BatchNorm's
-  // x_norm_": the weights below).
-  void BoundBatchNormByWeightsBelow(int layer);
+  // A BatchNorm or a derivative-rule layer (TanH, Sigmoid, ...) whose input this Convolution or
+  // InnerProduct wrote has set its bound from its input gradient's error; that error also reaches
+  // this layer's weight gradient, where a true gradient that its terms cancel shows it more: the
+  // bound is lowered where this layer's weight gradient needs it (docs/comet.md, "BatchNorm's
+  // x_norm_": the weights below; "The weights below a derivative rule").
+  void BoundByWeightsBelow(int layer);
   double LrnErrorPerBound(int layer) const;
   double DerivativeErrorPerBound(int layer, double* spread) const;
   void MeasureWeightErrors(int layer);
@@ -115,14 +116,15 @@ class CometBounds {
   std::set<std::string> settled_;    // bounds measured (or restored) once: they grow at most 2x
   std::vector<bool> audited_;        // bound -> a fixed one whose estimate a step has made
   std::vector<int> weights_below_;  // BatchNorm layer -> the weighted layer below it, or -1
+  // derivative-rule layer -> the weighted layers below it
+  std::vector<std::vector<int> > derivative_below_;
   std::vector<double> bn_weight_terms_;  // BatchNorm layer -> 2 channel sums, this step
-  struct BelowBatchNorm {
-    BelowBatchNorm() : batch_norm(-1), per_eb(0), cap(0) {}
-    int batch_norm;  // its bound to lower after this layer's backward, this step; -1: none
-    double per_eb;   // the weight gradient's RMS error per unit of eb and of the input's RMS
-    double cap;      // the BatchNorm rule's cap
+  struct LossyAbove {
+    int layer;      // its bound to lower after the weighted layer's backward, this step
+    double per_eb;  // the weight gradient's RMS error per unit of eb and of the input's RMS
+    double cap;     // the layer's own rule's cap
   };
-  std::vector<BelowBatchNorm> below_;  // weighted layer -> a BatchNorm above it to bound
+  std::vector<std::vector<LossyAbove> > below_;  // weighted layer -> the layers above to bound
 };
 
 }  // namespace caffe

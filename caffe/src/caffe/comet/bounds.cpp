@@ -35,6 +35,46 @@ int WeightsBelow(const Net<Dtype>& net, int i) {
                  !l.blobs().empty() ? j : -1;
 }
 
+// The layer below `before` that last writes blob `blob`, or -1.
+template <typename Dtype>
+int WriterBefore(const Net<Dtype>& net, int blob, int before) {
+  for (int j = before - 1; j >= 0; --j) {
+    const std::vector<int>& tops = net.top_ids(j);
+    if (std::find(tops.begin(), tops.end(), blob) != tops.end()) return j;
+  }
+  return -1;
+}
+
+// The Convolutions and InnerProducts (one bottom, one top, weights) whose outputs layer i's first
+// input holds, through Splits, ReLUs, poolings, Reshapes and Flattens (each passes a gradient on to
+// about one value below), Slices and Concats (each part to its own); parts that other layers
+// wrote are left out.
+template <typename Dtype>
+std::vector<int> WeightedLayersBelow(const Net<Dtype>& net, int i) {
+  std::set<int> found;
+  // (blob, the layer that reads it) to follow down
+  std::vector<std::pair<int, int> > todo(1, std::make_pair(net.bottom_ids(i)[0], i));
+  while (!todo.empty()) {
+    const std::pair<int, int> part = todo.back();
+    todo.pop_back();
+    const int j = WriterBefore(net, part.first, part.second);
+    if (j < 0 || net.bottom_ids(j).empty()) continue;
+    Layer<Dtype>& l = *net.layers()[j];  // (blobs() is not const)
+    const std::string type = l.type();
+    if (type == "Split" || type == "ReLU" || type == "Pooling" || type == "Reshape" ||
+        type == "Flatten" || type == "Slice") {
+      todo.push_back(std::make_pair(net.bottom_ids(j)[0], j));
+    } else if (type == "Concat") {
+      for (int b = 0; b < net.bottom_ids(j).size(); ++b)
+        todo.push_back(std::make_pair(net.bottom_ids(j)[b], j));
+    } else if ((type == "Convolution" || type == "InnerProduct") && net.top_ids(j).size() == 1 &&
+               net.bottom_ids(j).size() == 1 && !l.blobs().empty()) {
+      found.insert(j);
+    }
+  }
+  return std::vector<int>(found.begin(), found.end());
+}
+
 }  // namespace
 
 template <typename Dtype>
@@ -61,11 +101,14 @@ void CometBounds<Dtype>::Reset(const CometPlan& plan) {
   errors_.assign(bounds_.size(), CometErrorSample());
   drift_.resize(bounds_.size());
   weights_below_.assign(bound_of_layer_.size(), -1);
+  derivative_below_.assign(bound_of_layer_.size(), std::vector<int>());
   bn_weight_terms_.assign(2 * bound_of_layer_.size(), 0);
-  below_.assign(bound_of_layer_.size(), BelowBatchNorm());
+  below_.assign(bound_of_layer_.size(), std::vector<LossyAbove>());
   for (int b = 0; b < bounds_.size(); ++b) {
     if (bounds_[b].rule == CometPlanBound::BATCHNORM)
       weights_below_[bounds_[b].layer_id] = WeightsBelow(*net_, bounds_[b].layer_id);
+    if (bounds_[b].rule == CometPlanBound::DERIVATIVE)
+      derivative_below_[bounds_[b].layer_id] = WeightedLayersBelow(*net_, bounds_[b].layer_id);
   }
 }
 
@@ -174,6 +217,9 @@ int WeightOutputs(const Net<Dtype>& net, int i) {
   if (w.num_axes() == 0) return 1;
   if (l.type() == std::string("Deconvolution") && w.num_axes() > 1)
     return w.shape(1) * l.layer_param().convolution_param().group();
+  if (l.type() == std::string("InnerProduct") && w.num_axes() > 1 &&
+      l.layer_param().inner_product_param().transpose())
+    return w.shape(1);  // stored inputs x outputs
   return w.shape(0);
 }
 
@@ -403,7 +449,7 @@ void CometBounds<Dtype>::Clamped(CometPlanBound* bd, double eb) {
 
 template <typename Dtype>
 void CometBounds<Dtype>::AfterBackward(int layer) {
-  if (below_[layer].batch_norm >= 0) BoundBatchNormByWeightsBelow(layer);
+  if (!below_[layer].empty()) BoundByWeightsBelow(layer);
   if (!Measures(layer)) return;
   CometPlanBound& bd = bounds_[bound_of_layer_[layer]];
   const Blob<Dtype>* bottom = net_->bottom_vecs()[layer][0];
@@ -418,7 +464,18 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
     linear(measured_[layer], dx_rms, 0);  // LrnErrorPerBound: error / eb
   } else if (bd.rule == CometPlanBound::DERIVATIVE) {
     // DerivativeErrorPerBound: error / eb
-    linear(measured_[layer], dx_rms, kCometBoundPerStoredStd * spread_[layer]);
+    const double cap = kCometBoundPerStoredStd * spread_[layer];
+    linear(measured_[layer], dx_rms, cap);
+    const std::vector<int>& below = derivative_below_[layer];
+    for (size_t k = 0; k < below.size() && !bd.fixed; ++k) {
+      // dx's errors, each its own, meet the weights once each: dW's RMS error is
+      // eb sqrt(E mean(x^2) / (3 O)), E the sum of the squared errors of dx / eb^2 that the layer's
+      // outputs hold (all of them, at most, where a Concat joined others: eb measured_ sqrt(count
+      // / O), count dx's values), x its input, O its output channels
+      const int w = below[k];
+      below_[w].push_back(
+          {layer, measured_[layer] * std::sqrt(bottom->count() / WeightOutputs(*net_, w)), cap});
+    }
   } else if (bd.rule == CometPlanBound::BATCHNORM) {
     // BatchNormErrorScale: RMS error of dx = eb * sqrt(S / (3 C)).
     const double channels = CometLayerAccess<Dtype>::bn_std(net_->layers()[layer].get())->count();
@@ -427,17 +484,13 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
     const int w = weights_below_[layer];
     if (w >= 0 && !bd.fixed) {
       const Blob<Dtype>& weights = *net_->layers()[w]->blobs()[0];
-      const LayerParameter& wp = net_->layers()[w]->layer_param();
-      const bool transposed = wp.type() == "InnerProduct" && wp.inner_product_param().transpose();
-      const double outputs = weights.shape(transposed ? 1 : 0);
+      const double outputs = WeightOutputs(*net_, w);
       // the values a channel of BatchNorm's input has: each meets these weights once
       const double positions = net_->bottom_vecs()[layer][0]->count() / channels;
       const double fan_in = weights.count() / outputs;
       const double* t = &bn_weight_terms_[2 * layer];
-      below_[w].batch_norm = layer;
-      below_[w].cap = cap;
-      below_[w].per_eb = CometBatchNormWeightError(t[0] / channels, t[1] / channels, positions,
-                                                   fan_in, 1., 1.);
+      below_[w].push_back({layer, CometBatchNormWeightError(t[0] / channels, t[1] / channels,
+                                                            positions, fan_in, 1., 1.), cap});
     }
   } else {
     // Weight gradient dW = sum x (x) dy, still the raw data gradient here (regularisation
@@ -468,22 +521,25 @@ void CometBounds<Dtype>::AfterBackward(int layer) {
   }
 }
 
-// After the backward of the Convolution or InnerProduct below an adaptive BatchNorm: the bound at
-// which BatchNorm's input gradient error, as these weights meet it (CometBatchNormWeightError),
-// is the target of their gradient; BatchNorm's bound is lowered to it where it is lower.
+// After the backward of the Convolution or InnerProduct below an adaptive BatchNorm or derivative
+// rule: the bound at which that layer's input gradient error, as these weights meet it
+// (CometBatchNormWeightError; for a derivative, dx's independent errors), is the target of their
+// gradient; the layer's bound is lowered to it where it is lower.
 template <typename Dtype>
-void CometBounds<Dtype>::BoundBatchNormByWeightsBelow(int layer) {
-  const BelowBatchNorm below = below_[layer];
-  below_[layer] = BelowBatchNorm();
+void CometBounds<Dtype>::BoundByWeightsBelow(int layer) {
+  std::vector<LossyAbove> above;
+  above.swap(below_[layer]);
   Layer<Dtype>& l = *net_->layers()[layer];
   if (!l.param_propagate_down(0)) return;  // frozen: its input may not even have been restored
   const Blob<Dtype>& w = *l.blobs()[0];
   const Blob<Dtype>& x = *net_->bottom_vecs()[layer][0];
   const double grad_rms = std::sqrt(static_cast<double>(w.sumsq_diff()) / w.count());
   const double x_rms = std::sqrt(static_cast<double>(x.sumsq_data()) / x.count());
-  CometPlanBound& bd = bounds_[bound_of_layer_[below.batch_norm]];
-  const double eb = RuleBound(below.per_eb * x_rms, grad_rms, below.cap);
-  if (eb >= 0 && eb < bd.eb) Clamped(&bd, eb);
+  for (size_t k = 0; k < above.size(); ++k) {
+    CometPlanBound& bd = bounds_[bound_of_layer_[above[k].layer]];
+    const double eb = RuleBound(above[k].per_eb * x_rms, grad_rms, above[k].cap);
+    if (eb >= 0 && eb < bd.eb) Clamped(&bd, eb);
+  }
 }
 
 // The weight rule's margin (CometDriftMargin) from this curve and the last, both relative to

@@ -2329,11 +2329,11 @@ class CometStoreTest : public ::testing::Test {
 
   // An SGD solver of `net` (text) with base_lr `lr` and the `comet` block (text, or "").
   shared_ptr<Solver<float> > SolverFor(const std::string& net, const std::string& comet,
-                                       const char* lr = "0.05") {
+                                       const char* lr = "0.05", const char* seed = "1701") {
     SolverParameter sp;
     const std::string text =
         std::string("base_lr: ") + lr + " momentum: 0.9 lr_policy: 'fixed' max_iter: 100 "
-        "display: 1 random_seed: 1701 snapshot_prefix: '" + prefix_ + "' " + comet;
+        "display: 1 random_seed: " + seed + " snapshot_prefix: '" + prefix_ + "' " + comet;
     CHECK(google::protobuf::TextFormat::ParseFromString(text, &sp));
     CHECK(google::protobuf::TextFormat::ParseFromString(net, sp.mutable_net_param()));
     return shared_ptr<Solver<float> >(SolverRegistry<float>::CreateSolver(sp));
@@ -2437,6 +2437,20 @@ class CometStoreTest : public ::testing::Test {
     return r > 0 ? std::sqrt(d / r) : -1;
   }
 
+  // After `on`'s steps, both step once from its weights: `layer`'s bound must have come below
+  // max_eb for the weights below it, and conv1's weight gradient within 7.5% of COMET off's.
+  static void ExpectBoundLoweredForConv1(Solver<float>* on, Solver<float>* off, const char* layer,
+                                         float max_eb) {
+    StepBothFromTheSameWeights(on, off);
+    const float eb = on->comet()->bound(layer);
+    const double error = WeightGradientError(on, off, "conv1");
+    LOG(INFO) << layer << "'s bound " << eb << ", conv1's weight gradient " << error << " off";
+    ASSERT_GE(error, 0);
+    EXPECT_LT(eb, max_eb) << layer << "'s bound, lowered for conv1";
+    EXPECT_LT(error, 0.075) << "conv1's weight gradient, against a 5% target";
+  }
+
+
   // NaN, Inf and huge values through every pooling method, and training into NaN (defined below).
   void CheckNaNThroughPooling();
   // Sigmoid, TanH and ELU outputs stored under the derivative rule (defined below).
@@ -2453,6 +2467,8 @@ class CometStoreTest : public ::testing::Test {
   void CheckBatchNormMoments();
   // A BatchNorm's bound lowered for the weights below it (defined below).
   void CheckBatchNormWeightsBelow();
+  // A derivative rule's bound lowered for the weights below it, found through a Concat or not.
+  void CheckDerivativeWeightsBelow(bool concat);
   // BatchNorm after a ReLU: x_norm_ moved back at many values a channel (defined below).
   void CheckBatchNormAfterRelu();
   // A fixed bound's estimate, warned of where far off (defined below).
@@ -4177,16 +4193,60 @@ void CometStoreTest::CheckBatchNormWeightsBelow() {
   shared_ptr<Solver<float> > on = SolverFor(
       net, "comet { eb_mode: ADAPTIVE compress_type: 'BatchNorm' update_interval: 1 }", "0.01");
   Run(on.get(), 3);
-  StepBothFromTheSameWeights(on.get(), off.get());
-  const float eb = on->comet()->bound("bn1");
-  const double error = WeightGradientError(on.get(), off.get(), "conv1");
-  LOG(INFO) << "bn1's bound " << eb << ", conv1's weight gradient " << error << " off";
-  ASSERT_GE(error, 0);
-  EXPECT_LT(eb, 0.2) << "bn1's bound, lowered for conv1";
-  EXPECT_LT(error, 0.075) << "conv1's weight gradient, against a 5% target";
+  ExpectBoundLoweredForConv1(on.get(), off.get(), "bn1", 0.2);
 }
 TEST_F(CometStoreTest, ABatchNormAboveAWeightedLayerBoundsItsErrorInThoseWeights) {
   CheckBatchNormWeightsBelow();
+}
+
+// A TanH in place on a 1x1 Convolution, whose first channel alone goes on, through a global max
+// pooling (scripts/fuzz_nets seed 2538's): conv1's weight gradient sums 4 values of TanH's input
+// gradient, one per image, which nearly cancel, while their errors do not. TanH's own rule holds
+// that gradient to its 5% target at a bound of 0.011, and conv1's weight gradient is 23% off;
+// bounded by the weights below too, 0.0045 and 0.5%. Only TanH's output is lossy, ADAPTIVE.
+// `concat`: TanH on a Concat of conv1's output and another 1x1 Convolution's (seed 680's kind:
+// conv1 is found through it), the same figures (23% when the rule stopped at the Concat).
+void CometStoreTest::CheckDerivativeWeightsBelow(bool concat) {
+  const std::string tanh_of = concat ? "joined" : "conv1";
+  const std::string net =
+      "name: 'below' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+      "dummy_data_param { shape { dim: 4 dim: 3 dim: 12 dim: 12 } shape { dim: 4 } "
+      "data_filler { type: 'gaussian' std: 1 } "
+      "data_filler { type: 'uniform' min: 0 max: 4.99 } } } "
+      "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
+      "num_output: 8 kernel_size: 1 bias_term: false weight_filler { type: 'gaussian' std: 0.8 } } } " +
+      std::string(concat ? "layer { name: 'conv2' type: 'Convolution' bottom: 'data' top: 'conv2' "
+                           "convolution_param { num_output: 4 kernel_size: 1 weight_filler { "
+                           "type: 'constant' value: 0.3 } } } "  // (no draw: ip's weights as without)
+                           "layer { name: 'join' type: 'Concat' bottom: 'conv1' bottom: 'conv2' "
+                           "top: 'joined' } " : "") +
+      "layer { name: 'tanh1' type: 'TanH' bottom: '" + tanh_of + "' top: '" + tanh_of + "' } "
+      "layer { name: 'slice1' type: 'Slice' bottom: '" + tanh_of + "' top: 'first' top: 'rest' "
+      "slice_param { axis: 1 slice_point: 1 } } "
+      "layer { name: 'silence1' type: 'Silence' bottom: 'rest' } "
+      "layer { name: 'pool1' type: 'Pooling' bottom: 'first' top: 'pool1' pooling_param { "
+      "pool: MAX global_pooling: true } } "
+      "layer { name: 'ip' type: 'InnerProduct' bottom: 'pool1' top: 'ip' inner_product_param { "
+      "num_output: 5 weight_filler { type: 'gaussian' std: 1 } } } "
+      "layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' } ";
+  // seeded as scripts/fuzz_nets seeds its solvers: the weights and batches of seed 2538's net
+  shared_ptr<Solver<float> > off = SolverFor(net, "", "0.01", "5");
+  shared_ptr<Solver<float> > on = SolverFor(
+      net, "comet { eb_mode: ADAPTIVE compress_type: 'TanH' update_interval: 1 tiled_gemm: false }",
+      "0.01", "5");
+  // each step on the batch compared below, as scripts/fuzz_nets does: how far 4 values cancel
+  // changes from batch to batch, and a bound measured on one batch is no promise for the next
+  for (int k = 0; k < 3; ++k) {
+    Caffe::set_random_seed(7);
+    on->Step(1);
+  }
+  ExpectBoundLoweredForConv1(on.get(), off.get(), "tanh1", 0.008);
+}
+TEST_F(CometStoreTest, ADerivativeRuleAboveAWeightedLayerBoundsItsErrorInThoseWeights) {
+  CheckDerivativeWeightsBelow(false);
+}
+TEST_F(CometStoreTest, ADerivativeRuleAboveAConcatBoundsItsErrorInTheWeightsOfEachPart) {
+  CheckDerivativeWeightsBelow(true);
 }
 
 // A BatchNorm after a ReLU (scripts/fuzz_nets seed 1582's): the ReLU's zeros are one value in
@@ -5341,6 +5401,12 @@ TEST_F(CometGPUTest, ABatchNormAboveAWeightedLayerBoundsItsErrorInThoseWeights) 
 }
 TEST_F(CometGPUTest, ABatchNormAfterAReluReadsItsXNormAtItsExactMoments) {
   CheckBatchNormAfterRelu();
+}
+TEST_F(CometGPUTest, ADerivativeRuleAboveAWeightedLayerBoundsItsErrorInThoseWeights) {
+  CheckDerivativeWeightsBelow(false);
+}
+TEST_F(CometGPUTest, ADerivativeRuleAboveAConcatBoundsItsErrorInTheWeightsOfEachPart) {
+  CheckDerivativeWeightsBelow(true);
 }
 TEST_F(CometGPUTest, AFixedBoundEstimatedFarOffIsWarnedOnceAndIsFarOff) {
   CheckFixedBoundEstimate();
