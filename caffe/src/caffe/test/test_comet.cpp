@@ -4214,10 +4214,12 @@ void CometStoreTest::CheckDerivativeWeightsBelow(bool concat) {
       "data_filler { type: 'gaussian' std: 1 } "
       "data_filler { type: 'uniform' min: 0 max: 4.99 } } } "
       "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
-      "num_output: 8 kernel_size: 1 bias_term: false weight_filler { type: 'gaussian' std: 0.8 } } } " +
+      "num_output: 8 kernel_size: 1 bias_term: false "
+      "weight_filler { type: 'gaussian' std: 0.8 } } } " +
+      // conv2's weights constant: no draw, so that ip's are those of the net without it
       std::string(concat ? "layer { name: 'conv2' type: 'Convolution' bottom: 'data' top: 'conv2' "
                            "convolution_param { num_output: 4 kernel_size: 1 weight_filler { "
-                           "type: 'constant' value: 0.3 } } } "  // (no draw: ip's weights as without)
+                           "type: 'constant' value: 0.3 } } } "
                            "layer { name: 'join' type: 'Concat' bottom: 'conv1' bottom: 'conv2' "
                            "top: 'joined' } " : "") +
       "layer { name: 'tanh1' type: 'TanH' bottom: '" + tanh_of + "' top: '" + tanh_of + "' } "
