@@ -109,6 +109,10 @@ template <typename Dtype>
 CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
                         const CometAliases& data_aliases, const CometAliases& diff_aliases);
 
+// The last layer below layer `before` that writes blob `blob` (an id of net.blobs()); -1 for none.
+template <typename Dtype>
+int CometLastWriter(const Net<Dtype>& net, int blob, int before);
+
 // The layer below layer i that wrote its first input, looking through the layers of the types
 // `through` (each passes the blob's values, or their gradient, on to its own first bottom); -1 for
 // none (a net input).

@@ -35,16 +35,6 @@ int WeightsBelow(const Net<Dtype>& net, int i) {
                  !l.blobs().empty() ? j : -1;
 }
 
-// The layer below `before` that last writes blob `blob`, or -1.
-template <typename Dtype>
-int WriterBefore(const Net<Dtype>& net, int blob, int before) {
-  for (int j = before - 1; j >= 0; --j) {
-    const std::vector<int>& tops = net.top_ids(j);
-    if (std::find(tops.begin(), tops.end(), blob) != tops.end()) return j;
-  }
-  return -1;
-}
-
 // The Convolutions and InnerProducts (one bottom, one top, weights) whose outputs layer i's first
 // input holds, through Splits, ReLUs, poolings, Reshapes and Flattens (each passes a gradient on to
 // about one value below), Slices and Concats (each part to its own); parts that other layers
@@ -57,7 +47,7 @@ std::vector<int> WeightedLayersBelow(const Net<Dtype>& net, int i) {
   while (!todo.empty()) {
     const std::pair<int, int> part = todo.back();
     todo.pop_back();
-    const int j = WriterBefore(net, part.first, part.second);
+    const int j = CometLastWriter(net, part.first, part.second);
     if (j < 0 || net.bottom_ids(j).empty()) continue;
     Layer<Dtype>& l = *net.layers()[j];  // (blobs() is not const)
     const std::string type = l.type();

@@ -112,15 +112,20 @@ bool LossyAllowed(const LayerParameter& lp, const std::set<std::string>& lossy_t
 }  // namespace
 
 template <typename Dtype>
-int CometWriterBelow(const Net<Dtype>& net, int i, const std::set<std::string>& through) {
-  int blob = net.bottom_ids(i)[0];
-  for (int j = i - 1; j >= 0; --j) {
+int CometLastWriter(const Net<Dtype>& net, int blob, int before) {
+  for (int j = before - 1; j >= 0; --j) {
     const std::vector<int>& tops = net.top_ids(j);
-    if (std::find(tops.begin(), tops.end(), blob) == tops.end()) continue;
-    if (!through.count(net.layers()[j]->type()) || net.bottom_ids(j).empty()) return j;
-    blob = net.bottom_ids(j)[0];
+    if (std::find(tops.begin(), tops.end(), blob) != tops.end()) return j;
   }
   return -1;
+}
+
+template <typename Dtype>
+int CometWriterBelow(const Net<Dtype>& net, int i, const std::set<std::string>& through) {
+  int j = CometLastWriter(net, net.bottom_ids(i)[0], i);
+  while (j >= 0 && through.count(net.layers()[j]->type()) && !net.bottom_ids(j).empty())
+    j = CometLastWriter(net, net.bottom_ids(j)[0], j);
+  return j;
 }
 
 namespace {
@@ -627,6 +632,8 @@ template CometPlan MakeCometPlan<float>(const Net<float>&, const CometParameter&
                                         const CometAliases&, const CometAliases&);
 template CometPlan MakeCometPlan<double>(const Net<double>&, const CometParameter&,
                                          const CometAliases&, const CometAliases&);
+template int CometLastWriter<float>(const Net<float>&, int, int);
+template int CometLastWriter<double>(const Net<double>&, int, int);
 template int CometWriterBelow<float>(const Net<float>&, int, const std::set<std::string>&);
 template int CometWriterBelow<double>(const Net<double>&, int, const std::set<std::string>&);
 template std::string DescribeCometPlan<float>(const CometPlan&, const Net<float>&,

@@ -4167,6 +4167,13 @@ TEST_F(CometStoreTest, ABatchNormOfFewValuesAChannelReadsItsXNormAtItsExactMomen
   CheckBatchNormMoments();
 }
 
+// scripts/fuzz_nets's input layer: 4 images of 3 x 12 x 12 drawn from N(0, 1), labels 0 to 4.
+const std::string kFuzzInput =
+    "layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
+    "dummy_data_param { shape { dim: 4 dim: 3 dim: 12 dim: 12 } shape { dim: 4 } "
+    "data_filler { type: 'gaussian' std: 1 } "
+    "data_filler { type: 'uniform' min: 0 max: 4.99 } } } ";
+
 // A BatchNorm right above a 1x1 Convolution of 3 inputs, over 4 x 12 x 12 = 576 values a channel
 // (scripts/fuzz_nets seed 1647's): the error its lossy x_norm_ gives its input gradient is small
 // against that gradient, and the BatchNorm rule took the cap of its own rule, but the error's part
@@ -4175,10 +4182,7 @@ TEST_F(CometStoreTest, ABatchNormOfFewValuesAChannelReadsItsXNormAtItsExactMomen
 // gradient is 13.8% off COMET off's against the 5% target; with it 0.095 and 5.7%.
 void CometStoreTest::CheckBatchNormWeightsBelow() {
   const std::string net =
-      "name: 'below' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "dummy_data_param { shape { dim: 4 dim: 3 dim: 12 dim: 12 } shape { dim: 4 } "
-      "data_filler { type: 'gaussian' std: 1 } "
-      "data_filler { type: 'uniform' min: 0 max: 4.99 } } } "
+      "name: 'below' " + kFuzzInput +
       "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
       "num_output: 6 kernel_size: 1 weight_filler { type: 'gaussian' std: 0.8 } "
       "bias_filler { type: 'constant' value: 0.1 } } } "
@@ -4209,10 +4213,7 @@ TEST_F(CometStoreTest, ABatchNormAboveAWeightedLayerBoundsItsErrorInThoseWeights
 void CometStoreTest::CheckDerivativeWeightsBelow(bool concat) {
   const std::string tanh_of = concat ? "joined" : "conv1";
   const std::string net =
-      "name: 'below' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "dummy_data_param { shape { dim: 4 dim: 3 dim: 12 dim: 12 } shape { dim: 4 } "
-      "data_filler { type: 'gaussian' std: 1 } "
-      "data_filler { type: 'uniform' min: 0 max: 4.99 } } } "
+      "name: 'below' " + kFuzzInput +
       "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
       "num_output: 8 kernel_size: 1 bias_term: false "
       "weight_filler { type: 'gaussian' std: 0.8 } } } " +
@@ -4261,10 +4262,7 @@ TEST_F(CometStoreTest, ADerivativeRuleAboveAConcatBoundsItsErrorInTheWeightsOfEa
 // made only below n eb^2 = 12: here the centring alone).
 void CometStoreTest::CheckBatchNormAfterRelu() {
   const std::string net =
-      "name: 'ties' layer { name: 'data' type: 'DummyData' top: 'data' top: 'label' "
-      "dummy_data_param { shape { dim: 4 dim: 3 dim: 12 dim: 12 } shape { dim: 4 } "
-      "data_filler { type: 'gaussian' std: 1 } "
-      "data_filler { type: 'uniform' min: 0 max: 4.99 } } } "
+      "name: 'ties' " + kFuzzInput +
       "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' convolution_param { "
       "num_output: 6 kernel_size: 3 pad: 1 weight_filler { type: 'gaussian' std: 0.27 } "
       "bias_filler { type: 'constant' value: 0.1 } } } "
