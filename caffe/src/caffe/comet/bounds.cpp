@@ -23,10 +23,23 @@ namespace {
 
 // The Convolution or InnerProduct (one bottom, one top, weights) whose output is layer i's first
 // input, through Splits, ReLUs and poolings (each passes a gradient on to about one value below,
-// where it is not zero); -1 where another layer writes it.
+// where it is not zero) and Reshapes that keep the first two axes (a 3-D Convolution's 5-axis
+// output folded back to 4 for a BatchNorm: each channel's values stay that channel's); -1 where
+// another layer writes it.
 template <typename Dtype>
 int WeightsBelow(const Net<Dtype>& net, int i) {
-  const int j = CometWriterBelow(net, i, {"Split", "ReLU", "Pooling"});
+  int j = CometLastWriter(net, net.bottom_ids(i)[0], i);
+  while (j >= 0 && !net.bottom_ids(j).empty()) {
+    const std::string type = net.layers()[j]->type();
+    const Blob<Dtype>& in = *net.bottom_vecs()[j][0];
+    const Blob<Dtype>& out = *net.top_vecs()[j][0];
+    const bool same_channels = in.num_axes() >= 2 && out.num_axes() >= 2 &&
+                               in.shape(0) == out.shape(0) && in.shape(1) == out.shape(1);
+    if (!(type == "Split" || type == "ReLU" || type == "Pooling" ||
+          (type == "Reshape" && same_channels)))
+      break;
+    j = CometLastWriter(net, net.bottom_ids(j)[0], j);
+  }
   if (j < 0) return -1;
   Layer<Dtype>& l = *net.layers()[j];  // (blobs() is not const)
   const bool weighted = l.type() == std::string("Convolution") ||

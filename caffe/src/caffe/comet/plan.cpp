@@ -131,10 +131,10 @@ int CometWriterBelow(const Net<Dtype>& net, int i, const std::set<std::string>& 
 namespace {
 
 // Whether layer i's first input has runs of one value, for its x_norm_ to hold them too: written by
-// a ReLU (its zeros), through Splits and poolings, which keep them.
+// a ReLU (its zeros), through Splits, poolings, Reshapes and Flattens, which keep them.
 template <typename Dtype>
 bool InputHasTies(const Net<Dtype>& net, int i) {
-  const int j = CometWriterBelow(net, i, {"Split", "Pooling"});
+  const int j = CometWriterBelow(net, i, {"Split", "Pooling", "Reshape", "Flatten"});
   if (j < 0) return false;
   const LayerParameter& lp = net.layers()[j]->layer_param();
   return lp.type() == "ReLU" && lp.relu_param().negative_slope() == 0;
