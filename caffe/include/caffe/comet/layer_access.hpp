@@ -8,6 +8,7 @@
 
 #include "caffe/comet/batchnorm_moments.hpp"
 #include "caffe/comet/codes.hpp"
+#include "caffe/comet/payload.hpp"
 #include "caffe/comet/pool.hpp"
 #include "caffe/layers/base_conv_layer.hpp"
 #include "caffe/layers/batch_norm_layer.hpp"
@@ -230,6 +231,43 @@ class CometLayerAccess {
       NO_GPU;
 #endif
     }
+  }
+  // Before BatchNorm's x_norm_ is encoded, where it holds a ReLU's zeros: each channel less its
+  // tie offset, in place (batchnorm_moments.hpp); the offsets, for the payload to add back, and
+  // *eb lowered by the roundings' slack. NULL (x_norm_ untouched) where the slack is not small
+  // against eb.
+  static shared_ptr<CometPayload> ShiftXNormTies(Layer<Dtype>* layer, bool on_device, float* eb) {
+    BatchNormLayer<Dtype>* bn = dynamic_cast<BatchNormLayer<Dtype>*>(layer);
+    CHECK(bn) << "not a BatchNorm layer";
+    CHECK_EQ(sizeof(Dtype), sizeof(float)) << "the store keeps floats only";
+    Blob<Dtype>& y = bn->x_norm_;
+    const int channels = bn->channels_;
+    const size_t inner = y.count() / (static_cast<size_t>(y.shape(0)) * channels);
+    const double n = static_cast<double>(y.shape(0)) * inner;
+    const double slack = comet_bn::tie_shift_slack(n, *eb);
+    if (!(slack < *eb / 4)) return shared_ptr<CometPayload>();
+    shared_ptr<CometPayload> o(new CometPayload(CometPayload::OFFSETS, on_device, channels,
+                                                bn->layer_param().name() + " x_norm offsets"));
+    o->Allocate(channels * sizeof(float));
+    float* offsets = static_cast<float*>(o->data());
+    if (!on_device) {
+      CometTieOffsets(channels, reinterpret_cast<const float*>(bn->mean_.cpu_data()),
+                      reinterpret_cast<const float*>(bn->variance_.cpu_data()), n, offsets);
+      CometAddChannelOffsets(y.count(), channels, inner, offsets, -1.f,
+                             reinterpret_cast<float*>(y.mutable_cpu_data()));
+    } else {
+#ifndef CPU_ONLY
+      CometTieOffsetsGpu(channels, reinterpret_cast<const float*>(bn->mean_.gpu_data()),
+                         reinterpret_cast<const float*>(bn->variance_.gpu_data()), n, offsets);
+      CometAddChannelOffsetsGpu(y.count(), channels, inner, offsets, -1.f,
+                                reinterpret_cast<float*>(y.mutable_gpu_data()));
+#else
+      NO_GPU;
+#endif
+    }
+    o->inner = inner;
+    *eb = static_cast<float>(*eb - slack);
+    return o;
   }
   // In-place Scale's copy of its input, taken from the BatchNorm layer that wrote that input.
   static void RebuildScaleCopy(Layer<Dtype>* scale, Layer<Dtype>* batch_norm) {

@@ -46,8 +46,10 @@ class CometPayload {
   // DERIVED holds no stream of its own: its values are rebuilt from `source`, BatchNorm's x_norm_
   // (LOSSY), through the per-channel y = channel_scale[c] x + channel_bias[c] of an in-place
   // Scale after it and, with a sign mask, ReLU in place (docs/comet.md#rebuilt-from-batchnorm).
+  // OFFSETS holds a float per channel that a LOSSY stream's values were shifted by before
+  // encoding (BatchNorm's x_norm_ after a ReLU, batchnorm_moments.hpp); decoding adds them back.
   enum Kind { LOSSY = 0, MASK = 1, RELEASED = 2, ARGMAX = 3, BINARY = 4, IN_FLIGHT = 5, FILL = 6,
-              DERIVED = 7 };
+              DERIVED = 7, OFFSETS = 8 };
   CometPayload(Kind kind, bool on_device, size_t count, const std::string& name);
   ~CometPayload();
 
@@ -62,8 +64,11 @@ class CometPayload {
   bool on_device() const { return on_device_; }
   const std::string& name() const { return name_; }
 
-  // Bytes held, the sign mask included.
-  size_t stored_bytes() const { return bytes_ + (sign_mask ? sign_mask->bytes() : 0); }
+  // Bytes held, the sign mask and channel offsets included.
+  size_t stored_bytes() const {
+    return bytes_ + (sign_mask ? sign_mask->bytes() : 0) +
+           (channel_offsets ? channel_offsets->bytes() : 0);
+  }
 
   uint32_t mask_popcount;        // MASK, ARGMAX, BINARY: number of set bits, checked when decoding
   int code_bits;                 // ARGMAX, BINARY: bits per code
@@ -72,13 +77,16 @@ class CometPayload {
   // LOSSY read by ReLU too: after decoding, values are clamped to the sign this mask records
   // (positive stays > 0, the rest <= 0). That keeps |x - x'| <= eb and gives ReLU exact signs.
   shared_ptr<CometPayload> sign_mask;
+  // LOSSY: the values were encoded less these (OFFSETS, on the same side; its `inner` values a
+  // channel and image in a row); decoding adds them back.
+  shared_ptr<CometPayload> channel_offsets;
   shared_ptr<CometTiming> timing;
   double eb;                     // LOSSY: the bound it was encoded at
   // DERIVED: what it is rebuilt from. The factors are copies: the solver updates Scale's blobs
   // after the backward, and a later read (pycaffe) must still see this step's values.
   shared_ptr<CometPayload> source;
   std::vector<float> channel_scale, channel_bias;
-  size_t inner;                  // values per channel and image
+  size_t inner;                  // DERIVED, OFFSETS: values per channel and image
   float negative_slope;          // ReLU's, where the sign mask is 0
   // RELEASED: the comet { } setting that would have kept it, for the message of a read
   // (empty: release_unused and release_diffs). E.g. "keep_compressed: true".

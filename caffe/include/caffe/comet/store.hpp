@@ -135,6 +135,7 @@ class CometStore : public Solver<Dtype>::Callback, public CometActions,
                                              size_t count, bool dev, float eb,
                                              const std::string& name, const std::string& what,
                                              bool signs);
+  bool ShiftsTies(const Entry& e) const;  // x_norm_ encoded less its ReLU zeros' values
   // A blob rebuilt from BatchNorm's x_norm_ (plan entry rebuild_from, CPU mode).
   float RebuildBound(const Entry& x_norm) const;
   std::function<void(Job*)> RebuildOrLossy(const Entry& e, const Blob<Dtype>* blob, float eb,

@@ -27,4 +27,18 @@ void CometMatchBatchNormMoments(int num, int channels, int spatial, const float*
   }
 }
 
+void CometTieOffsets(int channels, const float* mean, const float* std, double n, float* offsets) {
+  for (int c = 0; c < channels; ++c) offsets[c] = comet_bn::tie_offset(mean[c], std[c], n);
+}
+
+void CometAddChannelOffsets(size_t count, int channels, size_t inner, const float* offsets,
+                            float sign, float* y) {
+  for (size_t i = 0; i < count; i += inner) {
+    const float o = sign * offsets[(i / inner) % channels];
+    if (o == 0) continue;
+    float* p = y + i;
+    for (size_t k = 0; k < inner; ++k) p[k] += o;
+  }
+}
+
 }  // namespace caffe

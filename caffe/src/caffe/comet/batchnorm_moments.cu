@@ -1,6 +1,8 @@
 // COMET-Caffe: BatchNorm's lossy x_norm_ moved back to its exact moments, on the GPU. The
 // per-channel arithmetic is comet_bn::worth_moving and moment_move (batchnorm_moments.hpp), shared
 // with the CPU loop in batchnorm_moments.cpp.
+#include <algorithm>
+
 #include "caffe/comet/batchnorm_moments.hpp"
 #include "caffe/common.hpp"
 #include "caffe/comet/stream.hpp"
@@ -51,7 +53,40 @@ __global__ void MatchMomentsKernel(int num, int channels, int spatial, const flo
   }
 }
 
+__global__ void TieOffsetsKernel(int channels, const float* mean, const float* std, double n,
+                                 float* offsets) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c < channels) offsets[c] = comet_bn::tie_offset(mean[c], std[c], n);
+}
+
+__global__ void AddChannelOffsetsKernel(size_t count, int channels, size_t inner,
+                                        const float* offsets, float sign, float* y) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(blockDim.x) * gridDim.x) {
+    const float o = sign * offsets[(i / inner) % channels];
+    if (o != 0) y[i] += o;  // as the CPU loop: a channel without offset keeps its -0s
+  }
+}
+
 }  // namespace
+
+void CometTieOffsetsGpu(int channels, const float* mean, const float* std, double n,
+                        float* offsets) {
+  if (channels <= 0) return;
+  TieOffsetsKernel<<<(channels + kMomentThreads - 1) / kMomentThreads, kMomentThreads, 0,
+                     static_cast<cudaStream_t>(CometStream())>>>(channels, mean, std, n, offsets);
+  COMET_CUDA_CHECK(cudaPeekAtLastError());
+}
+
+void CometAddChannelOffsetsGpu(size_t count, int channels, size_t inner, const float* offsets,
+                               float sign, float* y) {
+  if (!count || channels <= 0 || !inner) return;
+  const size_t blocks = std::min<size_t>((count + kMomentThreads - 1) / kMomentThreads, 4096);
+  AddChannelOffsetsKernel<<<static_cast<int>(blocks), kMomentThreads, 0,
+                            static_cast<cudaStream_t>(CometStream())>>>(count, channels, inner,
+                                                                        offsets, sign, y);
+  COMET_CUDA_CHECK(cudaPeekAtLastError());
+}
 
 void CometMatchBatchNormMomentsGpu(int num, int channels, int spatial, const float* std,
                                    float eps, double eb, bool ties, float* y) {

@@ -11,6 +11,7 @@
 #include <mutex>  // NOLINT(build/c++11)
 #include <thread>  // NOLINT(build/c++11)
 
+#include "caffe/comet/batchnorm_moments.hpp"
 #include "caffe/comet/mask.hpp"
 #include "caffe/comet/payload.hpp"
 #include "caffe/comet/payload_gpu.hpp"
@@ -702,6 +703,30 @@ bool CometRebuild(const CometPayload& p, const float* x, float* out, std::string
   return !words || PopcountMatches(*p.sign_mask, HostPopcount(words, count), error);
 }
 
+namespace {
+// A LOSSY stream's channel offsets added back to its decoded values.
+bool AddOffsetsBack(const CometPayload& p, float* out, std::string* error) {
+  const CometPayload& o = *p.channel_offsets;
+  const size_t channels = o.count();
+  if (o.kind() != CometPayload::OFFSETS || o.on_device() != p.on_device() || !channels ||
+      o.bytes() != channels * sizeof(float) || !o.inner || p.count() % (channels * o.inner)) {
+    *error = "its channel offsets do not fit the stream";
+    return false;
+  }
+  const float* offsets = static_cast<const float*>(o.data());
+  if (!p.on_device()) {
+    CometAddChannelOffsets(p.count(), static_cast<int>(channels), o.inner, offsets, 1.f, out);
+  } else {
+#ifndef CPU_ONLY
+    CometAddChannelOffsetsGpu(p.count(), static_cast<int>(channels), o.inner, offsets, 1.f, out);
+#else
+    NO_GPU;
+#endif
+  }
+  return true;
+}
+}  // namespace
+
 bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
   if (p.kind() == CometPayload::ARGMAX || p.kind() == CometPayload::BINARY)
     return DecodeCodes(p, static_cast<int32_t*>(dense), error);
@@ -745,6 +770,7 @@ bool CometDecode(const CometPayload& p, void* dense, std::string* error) {
       *error = SzError(rc);
       return false;
     }
+    if (p.channel_offsets && !AddOffsetsBack(p, out, error)) return false;
     if (p.sign_mask) {
       if (p.sign_mask->count() != p.count()) {
         *error = "sign mask does not match the stream";

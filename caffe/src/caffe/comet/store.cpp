@@ -993,7 +993,20 @@ void CometStore<Dtype>::StorePrivate(Entry* e) {
     const std::vector<int> shape = buffer->shape();
     const size_t values = buffer->count();
     if (measuring_) bounds_.NoteStoredInput(*e, data, dev, shape, eb);
+    const float asked = eb;
+    const shared_ptr<CometPayload> offsets =
+        ShiftsTies(*e) ? CometLayerAccess<Dtype>::ShiftXNormTies(l, dev, &eb)
+                       : shared_ptr<CometPayload>();
     job->work = LossyWork(data, shape, values, dev, eb, name, name, e->signs);
+    if (offsets) {
+      const std::function<void(Job*)> encode = job->work;
+      job->work = [encode, offsets, asked](Job* j) {
+        encode(j);
+        if (!j->payload) return;
+        j->payload->channel_offsets = offsets;
+        j->payload->eb = asked;  // what x_norm_ comes back within, the offsets added back
+      };
+    }
   } else {
     const void* data = dev ? mem->gpu_data() : mem->cpu_data();
     const std::string note = name + " holds a value its code cannot express (a max over NaN); "
@@ -1153,6 +1166,14 @@ std::function<void(typename CometStore<Dtype>::Job*)> CometStore<Dtype>::Rebuild
     }
     j->payload = CometMakeDerived(source, a, b, inner, mask, slope, name);
   };
+}
+
+// BatchNorm's x_norm_ holding a ReLU's zeros (the plan's x_norm_ties), with the BatchNorm
+// corrections on: stored less each channel's value of those zeros (batchnorm_moments.hpp).
+template <typename Dtype>
+bool CometStore<Dtype>::ShiftsTies(const Entry& e) const {
+  return e.layer >= 0 && plan_.lossy_x_norm[e.layer] == &e - &entries_[0] &&
+         plan_.x_norm_ties[e.layer] && param_.centre_batchnorm_gradients();
 }
 
 // A BatchNorm layer (batch statistics) whose backward computes an input gradient from the x_norm_
