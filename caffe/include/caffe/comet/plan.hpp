@@ -6,6 +6,7 @@
 // layer-private buffer, what happens to it after its last forward reader and when it is freed
 // again in backward. CometStore executes it; test_comet_plan.cpp tests it on branching nets.
 
+#include <functional>
 #include <set>
 #include <string>
 #include <utility>
@@ -113,11 +114,11 @@ CometPlan MakeCometPlan(const Net<Dtype>& net, const CometParameter& param,
 template <typename Dtype>
 int CometLastWriter(const Net<Dtype>& net, int blob, int before);
 
-// The layer below layer i that wrote its first input, looking through the layers of the types
-// `through` (each passes the blob's values, or their gradient, on to its own first bottom); -1 for
-// none (a net input).
+// The layer below layer i that wrote its first input, looking through the layers j for which
+// through(j) holds (each passes the blob's values, or their gradient, on to its own first
+// bottom); -1 for none (a net input).
 template <typename Dtype>
-int CometWriterBelow(const Net<Dtype>& net, int i, const std::set<std::string>& through);
+int CometWriterBelow(const Net<Dtype>& net, int i, const std::function<bool(int)>& through);
 
 // Human-readable plan, one line per entry, then the notes.
 template <typename Dtype>

@@ -28,18 +28,14 @@ namespace {
 // another layer writes it.
 template <typename Dtype>
 int WeightsBelow(const Net<Dtype>& net, int i) {
-  int j = CometLastWriter(net, net.bottom_ids(i)[0], i);
-  while (j >= 0 && !net.bottom_ids(j).empty()) {
-    const std::string type = net.layers()[j]->type();
-    const Blob<Dtype>& in = *net.bottom_vecs()[j][0];
-    const Blob<Dtype>& out = *net.top_vecs()[j][0];
-    const bool same_channels = in.num_axes() >= 2 && out.num_axes() >= 2 &&
-                               in.shape(0) == out.shape(0) && in.shape(1) == out.shape(1);
-    if (!(type == "Split" || type == "ReLU" || type == "Pooling" ||
-          (type == "Reshape" && same_channels)))
-      break;
-    j = CometLastWriter(net, net.bottom_ids(j)[0], j);
-  }
+  const int j = CometWriterBelow(net, i, [&net](int k) {
+    const std::string type = net.layers()[k]->type();
+    if (type == "Split" || type == "ReLU" || type == "Pooling") return true;
+    const Blob<Dtype>& in = *net.bottom_vecs()[k][0];
+    const Blob<Dtype>& out = *net.top_vecs()[k][0];
+    return type == "Reshape" && in.num_axes() >= 2 && out.num_axes() >= 2 &&
+           in.shape(0) == out.shape(0) && in.shape(1) == out.shape(1);
+  });
   if (j < 0) return -1;
   Layer<Dtype>& l = *net.layers()[j];  // (blobs() is not const)
   const bool weighted = l.type() == std::string("Convolution") ||

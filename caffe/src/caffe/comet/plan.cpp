@@ -121,9 +121,9 @@ int CometLastWriter(const Net<Dtype>& net, int blob, int before) {
 }
 
 template <typename Dtype>
-int CometWriterBelow(const Net<Dtype>& net, int i, const std::set<std::string>& through) {
+int CometWriterBelow(const Net<Dtype>& net, int i, const std::function<bool(int)>& through) {
   int j = CometLastWriter(net, net.bottom_ids(i)[0], i);
-  while (j >= 0 && through.count(net.layers()[j]->type()) && !net.bottom_ids(j).empty())
+  while (j >= 0 && !net.bottom_ids(j).empty() && through(j))
     j = CometLastWriter(net, net.bottom_ids(j)[0], j);
   return j;
 }
@@ -134,7 +134,9 @@ namespace {
 // a ReLU (its zeros), through Splits, poolings, Reshapes and Flattens, which keep them.
 template <typename Dtype>
 bool InputHasTies(const Net<Dtype>& net, int i) {
-  const int j = CometWriterBelow(net, i, {"Split", "Pooling", "Reshape", "Flatten"});
+  const std::set<std::string> keep = {"Split", "Pooling", "Reshape", "Flatten"};
+  const int j =
+      CometWriterBelow(net, i, [&](int k) { return keep.count(net.layers()[k]->type()) > 0; });
   if (j < 0) return false;
   const LayerParameter& lp = net.layers()[j]->layer_param();
   return lp.type() == "ReLU" && lp.relu_param().negative_slope() == 0;
@@ -634,8 +636,8 @@ template CometPlan MakeCometPlan<double>(const Net<double>&, const CometParamete
                                          const CometAliases&, const CometAliases&);
 template int CometLastWriter<float>(const Net<float>&, int, int);
 template int CometLastWriter<double>(const Net<double>&, int, int);
-template int CometWriterBelow<float>(const Net<float>&, int, const std::set<std::string>&);
-template int CometWriterBelow<double>(const Net<double>&, int, const std::set<std::string>&);
+template int CometWriterBelow<float>(const Net<float>&, int, const std::function<bool(int)>&);
+template int CometWriterBelow<double>(const Net<double>&, int, const std::function<bool(int)>&);
 template std::string DescribeCometPlan<float>(const CometPlan&, const Net<float>&,
                                               const CometParameter&);
 template std::string DescribeCometPlan<double>(const CometPlan&, const Net<double>&,
