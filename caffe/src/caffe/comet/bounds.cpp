@@ -21,18 +21,23 @@ namespace caffe {
 
 namespace {
 
-// Whether layer j is a Scale of one bottom with a learnt scale per channel (axis 1, one axis):
-// each weight meets the values of its channel, one input each (F = 1), the output linear in it.
+// Whether layer j has a learnt weight per channel that multiplies its input: a Scale of one
+// bottom (axis 1, one axis) or a PReLU (a slope per channel). Each weight meets the values of its
+// channel, one input each (F = 1), the output linear in it (PReLU's where the input is negative).
 template <typename Dtype>
-bool ChannelScale(const Net<Dtype>& net, int j) {
+bool ChannelWeights(const Net<Dtype>& net, int j) {
   Layer<Dtype>& l = *net.layers()[j];  // (blobs() is not const)
+  if (net.bottom_ids(j).size() != 1 || l.blobs().empty() ||
+      net.bottom_vecs()[j][0]->num_axes() < 2) {
+    return false;
+  }
+  if (l.type() == std::string("PReLU")) return !l.layer_param().prelu_param().channel_shared();
   const ScaleParameter& p = l.layer_param().scale_param();
-  return l.type() == std::string("Scale") && net.bottom_ids(j).size() == 1 && !l.blobs().empty() &&
-         net.bottom_vecs()[j][0]->num_axes() >= 2 &&
+  return l.type() == std::string("Scale") &&
          net.bottom_vecs()[j][0]->CanonicalAxisIndex(p.axis()) == 1 && p.num_axes() == 1;
 }
 
-// The Convolution or InnerProduct (one bottom, one top, weights), or a Scale of its channels,
+// The Convolution or InnerProduct (one bottom, one top, weights), or a layer of ChannelWeights,
 // whose output is layer i's first input, through Splits, ReLUs and poolings (each passes a
 // gradient on to about one value below, where it is not zero) and Reshapes that keep the first
 // two axes (a 3-D Convolution's 5-axis output folded back to 4 for a BatchNorm: each channel's
@@ -51,7 +56,7 @@ int WeightsBelow(const Net<Dtype>& net, int i) {
            in.shape(0) == out.shape(0) && in.shape(1) == out.shape(1);
   });
   if (j < 0) return -1;
-  if (ChannelScale(net, j)) return j;
+  if (ChannelWeights(net, j)) return j;
   Layer<Dtype>& l = *net.layers()[j];  // (blobs() is not const)
   const bool weighted = l.type() == std::string("Convolution") ||
                         l.type() == std::string("InnerProduct");
@@ -546,12 +551,14 @@ void CometBounds<Dtype>::BoundByWeightsBelow(int layer) {
   Layer<Dtype>& l = *net_->layers()[layer];
   if (!l.param_propagate_down(0)) return;  // frozen: its input may not even have been restored
   const Blob<Dtype>& w = *l.blobs()[0];
-  // the input the weights met: an in-place Scale's is its copy (its bottom holds what the layers
-  // above wrote, maybe freed by now)
+  // the input the weights met: an in-place Scale's or PReLU's is its copy (its bottom holds what
+  // the layers above wrote, maybe freed by now)
   const Blob<Dtype>* in = net_->bottom_vecs()[layer][0];
-  const Blob<Dtype>& x = in == net_->top_vecs()[layer][0] && ChannelScale(*net_, layer)
-                             ? *CometLayerAccess<Dtype>::rebuildable(&l)
-                             : *in;
+  if (in == net_->top_vecs()[layer][0] && ChannelWeights(*net_, layer)) {
+    in = l.type() == std::string("PReLU") ? CometLayerAccess<Dtype>::prelu_copy(&l)
+                                          : CometLayerAccess<Dtype>::rebuildable(&l);
+  }
+  const Blob<Dtype>& x = *in;
   const double grad_rms = std::sqrt(static_cast<double>(w.sumsq_diff()) / w.count());
   const double x_rms = std::sqrt(static_cast<double>(x.sumsq_data()) / x.count());
   for (size_t k = 0; k < above.size(); ++k) {

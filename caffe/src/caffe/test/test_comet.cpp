@@ -2540,8 +2540,8 @@ class CometStoreTest : public ::testing::Test {
   void CheckBatchNormMoments();
   // A BatchNorm's bound lowered for the weights below it (defined below).
   void CheckBatchNormWeightsBelow(bool reshaped);
-  // ... for a Scale of its channels between two BatchNorms (defined below).
-  void CheckScaleBetweenBatchNorms();
+  // ... for a Scale's or PReLU's weights between two BatchNorms (defined below).
+  void CheckChannelWeightsBetweenBatchNorms(const std::string& type);
   // A derivative rule's bound lowered for the weights below it, found through a Concat or not.
   void CheckDerivativeWeightsBelow(bool concat);
   // BatchNorm after a ReLU: x_norm_ moved back at many values a channel (defined below).
@@ -4298,21 +4298,25 @@ TEST_F(CometStoreTest, ABatchNormOnAReshapedViewBoundsItsErrorInTheWeightsBelow)
 
 // A Scale between two BatchNorms (scripts/fuzz_nets seed 2553's): the second normalises the
 // Scale's output, so the Scale's true gradient is about 0, and all its gradient is the error
-// the second's lossy x_norm_ gives it (its bias's part is centred away). Only x_norm_ is lossy,
-// ADAPTIVE: the second BatchNorm's bound must come down for the Scale's weights too, and the
-// Scale's gradient error stay small against the InnerProduct's gradient (as the fuzzer measures
-// it): 0.25 and 0.43% when the walk down knew Convolutions and InnerProducts only, 0.0035 and
-// 0.0064% since.
-void CometStoreTest::CheckScaleBetweenBatchNorms() {
+// the second's lossy x_norm_ gives it (its bias's part is centred away). A PReLU there (seed
+// 2672's, over 4 values a channel) sums the error into its slopes' gradient coherently, as a
+// Convolution below a BatchNorm does. Only x_norm_ is lossy, ADAPTIVE: the second BatchNorm's
+// bound must come down for these weights too, and their gradient error stay small against the
+// larger of their own gradient and 5% of the InnerProduct's (as the fuzzer measures it).
+// Measured: Scale, 0.25 and 8.6% when the walk down knew Convolutions and InnerProducts only,
+// 0.0035 and 0.13% since; PReLU, 0.25 and 5.5% before, 0.039 and 0.40% since.
+void CometStoreTest::CheckChannelWeightsBetweenBatchNorms(const std::string& type) {
+  const std::string between =
+      type == "Scale" ? "layer { name: 'w1' type: 'Scale' bottom: 'conv1' top: 'conv1' "
+                        "scale_param { bias_term: true filler { type: 'constant' value: 1.2 } "
+                        "bias_filler { type: 'constant' value: 0.1 } } } "
+                      : "layer { name: 'w1' type: 'PReLU' bottom: 'conv1' top: 'conv1' } ";
   const std::string net =
       "name: 'between' " + kFuzzInput +
       "layer { name: 'conv1' type: 'Convolution' bottom: 'data' top: 'conv1' param { lr_mult: 0 } "
       "param { lr_mult: 0 } convolution_param { num_output: 8 kernel_size: 3 pad: 1 "
       "weight_filler { type: 'gaussian' std: 0.27 } bias_filler { type: 'constant' value: 0.1 } } } "
-      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' } "
-      "layer { name: 'scale1' type: 'Scale' bottom: 'conv1' top: 'conv1' scale_param { "
-      "bias_term: true filler { type: 'constant' value: 1.2 } "
-      "bias_filler { type: 'constant' value: 0.1 } } } "
+      "layer { name: 'bn1' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' } " + between +
       "layer { name: 'bn2' type: 'BatchNorm' bottom: 'conv1' top: 'conv1' } "
       "layer { name: 'ip' type: 'InnerProduct' bottom: 'conv1' top: 'ip' inner_product_param { "
       "num_output: 5 weight_filler { type: 'gaussian' std: 0.03 } } } "
@@ -4322,23 +4326,25 @@ void CometStoreTest::CheckScaleBetweenBatchNorms() {
       net, "comet { eb_mode: ADAPTIVE compress_type: 'BatchNorm' update_interval: 1 }", "0.01");
   Run(on.get(), 3);
   StepBothFromTheSameWeights(on.get(), off.get());
-  const Blob<float>& a = *on->net()->layer_by_name("scale1")->blobs()[0];
-  const Blob<float>& b = *off->net()->layer_by_name("scale1")->blobs()[0];
-  const Blob<float>& ip = *off->net()->layer_by_name("ip")->blobs()[0];
-  double d = 0, t = 0;
-  for (int j = 0; j < a.count(); ++j) {
+  const Blob<float>& a = *on->net()->layer_by_name("w1")->blobs()[0];
+  const Blob<float>& b = *off->net()->layer_by_name("w1")->blobs()[0];
+  const double floor = 0.05 * std::sqrt(off->net()->layer_by_name("ip")->blobs()[0]->sumsq_diff());
+  double d = 0;
+  for (int j = 0; j < a.count(); ++j)
     d += (a.cpu_diff()[j] - b.cpu_diff()[j]) * (a.cpu_diff()[j] - b.cpu_diff()[j]);
-    t += b.cpu_diff()[j] * b.cpu_diff()[j];
-  }
-  const double error = std::sqrt(d) / std::sqrt(ip.sumsq_diff());
+  const double own = std::sqrt(b.sumsq_diff());
+  const double error = std::sqrt(d) / std::max(own, floor);
   const float eb = on->comet()->bound("bn2");
-  LOG(INFO) << "bn2's bound " << eb << ", scale1's gradient error " << error
-            << " of ip's gradient (its own " << std::sqrt(t / ip.sumsq_diff()) << ")";
-  EXPECT_LT(eb, 0.1) << "bn2's bound, lowered for scale1's weights";
-  EXPECT_LT(error, 0.001) << "scale1's gradient error against ip's gradient";
+  LOG(INFO) << type << ": bn2's bound " << eb << ", w1's gradient error " << error
+            << " (its gradient " << own << ", the floor " << floor << ")";
+  EXPECT_LT(eb, 0.1) << "bn2's bound, lowered for the weights of the " << type;
+  EXPECT_LT(error, 0.02) << "the " << type << "'s gradient error";
 }
 TEST_F(CometStoreTest, AScaleBetweenTwoBatchNormsBoundsTheSecondsError) {
-  CheckScaleBetweenBatchNorms();
+  CheckChannelWeightsBetweenBatchNorms("Scale");
+}
+TEST_F(CometStoreTest, APReLUBetweenTwoBatchNormsBoundsTheSecondsError) {
+  CheckChannelWeightsBetweenBatchNorms("PReLU");
 }
 
 // A TanH in place on a 1x1 Convolution, whose first channel alone goes on, through a global max
@@ -5616,7 +5622,10 @@ TEST_F(CometGPUTest, ABatchNormAboveAWeightedLayerBoundsItsErrorInThoseWeights) 
   CheckBatchNormWeightsBelow(false);
 }
 TEST_F(CometGPUTest, AScaleBetweenTwoBatchNormsBoundsTheSecondsError) {
-  CheckScaleBetweenBatchNorms();
+  CheckChannelWeightsBetweenBatchNorms("Scale");
+}
+TEST_F(CometGPUTest, APReLUBetweenTwoBatchNormsBoundsTheSecondsError) {
+  CheckChannelWeightsBetweenBatchNorms("PReLU");
 }
 TEST_F(CometGPUTest, ABatchNormOnAReshapedViewBoundsItsErrorInTheWeightsBelow) {
   CheckBatchNormWeightsBelow(true);
