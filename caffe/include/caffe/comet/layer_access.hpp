@@ -105,6 +105,12 @@ class CometLayerAccess {
     PReLULayer<Dtype>* p = dynamic_cast<PReLULayer<Dtype>*>(layer);
     return p ? &p->bottom_memory_ : NULL;
   }
+  // The copy of its input an in-place PReLU or Scale keeps for its parameters' gradient
+  // (bottom_memory_, temp_), else NULL.
+  static Blob<Dtype>* in_place_input_copy(Layer<Dtype>* layer) {
+    if (ScaleLayer<Dtype>* s = dynamic_cast<ScaleLayer<Dtype>*>(layer)) return &s->temp_;
+    return prelu_copy(layer);
+  }
   // The private buffer a layer's LOSSY (or KEEP) entry stores: BatchNorm's x_norm_, in-place
   // PReLU's copy or in-place Swish's sigmoid input.
   static Blob<Dtype>* lossy_buffer(Layer<Dtype>* layer) {

@@ -554,10 +554,8 @@ void CometBounds<Dtype>::BoundByWeightsBelow(int layer) {
   // the input the weights met: an in-place Scale's or PReLU's is its copy (its bottom holds what
   // the layers above wrote, maybe freed by now)
   const Blob<Dtype>* in = net_->bottom_vecs()[layer][0];
-  if (in == net_->top_vecs()[layer][0] && ChannelWeights(*net_, layer)) {
-    in = l.type() == std::string("PReLU") ? CometLayerAccess<Dtype>::prelu_copy(&l)
-                                          : CometLayerAccess<Dtype>::rebuildable(&l);
-  }
+  if (in == net_->top_vecs()[layer][0] && ChannelWeights(*net_, layer))
+    in = CometLayerAccess<Dtype>::in_place_input_copy(&l);
   const Blob<Dtype>& x = *in;
   const double grad_rms = std::sqrt(static_cast<double>(w.sumsq_diff()) / w.count());
   const double x_rms = std::sqrt(static_cast<double>(x.sumsq_data()) / x.count());

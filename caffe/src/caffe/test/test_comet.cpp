@@ -2498,16 +2498,19 @@ class CometStoreTest : public ::testing::Test {
     }
   }
 
-  // ||dW_on - dW_off|| / ||dW_off|| of a layer's first blob (-1 when off's gradient is zero).
-  static double WeightGradientError(Solver<float>* on, Solver<float>* off, const char* layer) {
+  // ||dW_on - dW_off|| of a layer's first blob.
+  static double WeightGradientDistance(Solver<float>* on, Solver<float>* off, const char* layer) {
     const Blob<float>* a = on->net()->layer_by_name(layer)->blobs()[0].get();
     const Blob<float>* b = off->net()->layer_by_name(layer)->blobs()[0].get();
-    double d = 0, r = 0;
-    for (int j = 0; j < a->count(); ++j) {
+    double d = 0;
+    for (int j = 0; j < a->count(); ++j)
       d += (a->cpu_diff()[j] - b->cpu_diff()[j]) * (a->cpu_diff()[j] - b->cpu_diff()[j]);
-      r += b->cpu_diff()[j] * b->cpu_diff()[j];
-    }
-    return r > 0 ? std::sqrt(d / r) : -1;
+    return std::sqrt(d);
+  }
+  // ... over ||dW_off|| (-1 when off's gradient is zero).
+  static double WeightGradientError(Solver<float>* on, Solver<float>* off, const char* layer) {
+    const double r = off->net()->layer_by_name(layer)->blobs()[0]->sumsq_diff();
+    return r > 0 ? WeightGradientDistance(on, off, layer) / std::sqrt(r) : -1;
   }
 
   // After `on`'s steps, both step once from its weights: `layer`'s bound must have come below
@@ -4326,14 +4329,9 @@ void CometStoreTest::CheckChannelWeightsBetweenBatchNorms(const std::string& typ
       net, "comet { eb_mode: ADAPTIVE compress_type: 'BatchNorm' update_interval: 1 }", "0.01");
   Run(on.get(), 3);
   StepBothFromTheSameWeights(on.get(), off.get());
-  const Blob<float>& a = *on->net()->layer_by_name("w1")->blobs()[0];
-  const Blob<float>& b = *off->net()->layer_by_name("w1")->blobs()[0];
   const double floor = 0.05 * std::sqrt(off->net()->layer_by_name("ip")->blobs()[0]->sumsq_diff());
-  double d = 0;
-  for (int j = 0; j < a.count(); ++j)
-    d += (a.cpu_diff()[j] - b.cpu_diff()[j]) * (a.cpu_diff()[j] - b.cpu_diff()[j]);
-  const double own = std::sqrt(b.sumsq_diff());
-  const double error = std::sqrt(d) / std::max(own, floor);
+  const double own = std::sqrt(off->net()->layer_by_name("w1")->blobs()[0]->sumsq_diff());
+  const double error = WeightGradientDistance(on.get(), off.get(), "w1") / std::max(own, floor);
   const float eb = on->comet()->bound("bn2");
   LOG(INFO) << type << ": bn2's bound " << eb << ", w1's gradient error " << error
             << " (its gradient " << own << ", the floor " << floor << ")";
